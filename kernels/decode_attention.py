@@ -1,0 +1,191 @@
+"""Paged decode attention: one new query token per sequence against its whole cached context (flash-decoding)."""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_kv import check_paged_kv, dot_config, kv_tile_offsets
+from kernels.prefill_attention import paged_prefill_attention_ref
+
+MAX_SPLITS = 64
+# NOTE: a split gets at least this many context tokens, so short contexts are not cut into tiles of pure overhead.
+MIN_TOKENS_PER_SPLIT = 256
+# NOTE: split until the grid has this many programs per SM (latency hiding for a memory-bound kernel).
+PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def _paged_decode_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2,
+    stride_qs, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_bt,
+    stride_os, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Program (seq, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
+
+    The context [0, seq_len) is cut into NUM_SPLITS slices of equal length (rounded up to whole BLOCK_N tiles; the
+    last slices may be short or empty). The group's GROUP query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded
+    once, and each K/V tile, gathered through the block table, is read once for the whole group. Softmax runs online
+    in base 2 (scale folded into log2(e)): running row max m, running sum l, unnormalised accumulator acc.
+    With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
+    log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # -- this split's slice of the context
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    # -- the group's query rows: [BLOCK_G, BLOCK_D]
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q_mask = (g < GROUP)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q = q.to(DOT_DTYPE)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    for tile_start in range(start, end, BLOCK_N):
+        # -- gather the K tile through the block table: [BLOCK_N, BLOCK_D]
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+
+        # -- scores in base 2: [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+
+        # -- online softmax update (every tile holds a valid position, so m_new is finite)
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
+        v = tl.load(v_cache_ptr + rows[:, None] + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        m = m_new
+
+    # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
+    nonempty = l > 0
+    o = acc / tl.where(nonempty, l, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
+    else:
+        part = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split  # [num_seqs, num_heads, NUM_SPLITS]
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
+        lse = tl.where(nonempty, m + tl.log2(l), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=g < GROUP)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (seq, head) merges the splits: out = sum_i 2^(lse_i - max) * o_i / sum_i 2^(lse_i - max)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(part_lse_ptr + part + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # empty splits (lse -inf) weigh 0
+    o_mask = (s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :]
+    o = tl.load(part_out_ptr + (part + s)[:, None] * HEAD_DIM + d[None, :], mask=o_mask, other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _default_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Enough splits to fill the GPU, but none shorter than MIN_TOKENS_PER_SPLIT; decided without a host sync."""
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, max(num_seqs * num_kv_heads, 1))
+    return max(1, min(wanted, triton.cdiv(max_context, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
+
+
+def _launch_config(device: torch.device) -> dict:
+    # NOTE: on CPU (interpreter) small tiles so small test contexts still cross several tiles and splits.
+    if device.type != "cuda":
+        return dict(BLOCK_N=16, num_warps=1, num_stages=1)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def paged_decode_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged context; returns a new [num_seqs, num_heads, head_dim].
+
+    query: [num_seqs, num_heads, head_dim]; seq_lens include the query token, whose K/V must already be cached.
+    num_splits: context slices per sequence (flash-decoding); None picks one from the batch shape and the block
+    table width (max_blocks_per_seq * block_size bounds the context), never from seq_lens, so no host sync.
+    """
+    check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = query.shape
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} queries")
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+    if num_splits is None:
+        num_splits = _default_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits {num_splits} not in [1, {MAX_SPLITS}]")
+
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if num_seqs == 0:
+        return out
+    part_out = part_lse = out  # unused placeholders when the single split writes `out` itself
+    if num_splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    dot_dtype, dot_precision = dot_config(query.dtype, query.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, key_cache, value_cache, block_tables, seq_lens,
+        out, part_out, part_lse,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, **_launch_config(query.device),
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        )
+    return out
+
+
+def paged_decode_attention_ref(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Plain torch: a decode step is a prefill chunk of one token per sequence."""
+    query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
+    return paged_prefill_attention_ref(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)

@@ -1,0 +1,172 @@
+"""Paged prefill attention: causal attention of variable-length query chunks over their cached context."""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_kv import check_paged_kv, dot_config, kv_tile_offsets
+
+
+@triton.jit
+def _paged_prefill_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    scale_log2, num_seqs,
+    stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Program (tile, kv_head) runs flash attention for BLOCK_Q query tokens x the GQA group sharing kv_head.
+
+    Tiles are numbered without knowing the longest chunk on the host: sequence i owns tiles
+    [query_start_loc[i] // BLOCK_Q + i, ...), so cdiv(total_q, BLOCK_Q) + num_seqs programs cover every chunk and a
+    binary search over query_start_loc maps a program to its sequence; surplus programs exit at once.
+    The tile packs token-major rows (token t, head h) -> row t * GROUP + h, so each K/V tile, gathered through the
+    block table, is read once for the whole group; BLOCK_Q = BLOCK_M // GROUP and rows past BLOCK_Q * GROUP idle.
+    A chunk is the last q_len tokens of a context of seq_len, so chunk token t sits at absolute position
+    seq_len - q_len + t and sees keys at positions <= that (the cached prefix and the causal part of the chunk).
+    Softmax runs online in base 2 (scale folded into log2(e)); every row sees position 0 in the first KV tile, so the
+    running max is finite from then on and fully masked later tiles contribute exp2(-inf) = 0.
+    """
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # -- find the sequence owning this tile: the last i with query_start_loc[i] // BLOCK_Q + i <= pid
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], num_seqs, tl.int32)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    tile = pid - (q_start // BLOCK_Q + seq)
+    if tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix_len = seq_len - q_len
+
+    # -- the tile's query rows: [BLOCK_M, BLOCK_D]
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    tok = tile * BLOCK_Q + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    row_mask = (r < BLOCK_Q * GROUP) & (tok < q_len)
+    q_offs = (q_start + tok)[:, None].to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_DTYPE)
+    q_pos = prefix_len + tok
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    kv_end = prefix_len + tl.minimum((tile + 1) * BLOCK_Q, q_len)  # one past the tile's last query position
+    for kv_start in range(0, kv_end, BLOCK_N):
+        # -- gather the K tile through the block table: [BLOCK_N, BLOCK_D]
+        pos = kv_start + tl.arange(0, BLOCK_N)
+        valid = pos < kv_end
+        kv_mask = valid[:, None] & d_mask[None, :]
+        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
+        k = tl.load(k_cache_ptr + rows[:, None] + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+
+        # -- causal scores in base 2: [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+
+        # -- online softmax update
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
+        v = tl.load(v_cache_ptr + rows[:, None] + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        m = m_new
+
+    # -- normalise and write the valid rows
+    o = acc / l[:, None]
+    o_offs = (q_start + tok)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+def _launch_config(device: torch.device, head_dim: int) -> dict:
+    # NOTE: on CPU (interpreter) small tiles so small test chunks still cross several query and KV tiles.
+    if device.type != "cuda":
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
+    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8 if head_dim > 64 else 4, num_stages=2)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Causal attention of query chunks over their paged context; returns a new [total_q_tokens, num_heads, head_dim].
+
+    query: [total_q_tokens, num_heads, head_dim], sequence i's chunk is rows query_start_loc[i]:query_start_loc[i+1]
+    and holds the last q_len tokens of its context of seq_lens[i] tokens, whose K/V (the chunk's too) are cached.
+    """
+    check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens)
+    num_seqs = block_tables.shape[0]
+    if query_start_loc.dtype != torch.int32 or query_start_loc.shape != (num_seqs + 1,) \
+            or not query_start_loc.is_contiguous() or query_start_loc.device != query.device:
+        raise ValueError(f"query_start_loc must be contiguous int32 [{num_seqs + 1}] on {query.device}, got "
+                         f"{query_start_loc.dtype} {tuple(query_start_loc.shape)} on {query_start_loc.device}")
+    total_q, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if total_q == 0 or num_seqs == 0:
+        return out
+    config = _launch_config(query.device, head_dim)
+    block_m = max(config.pop("BLOCK_M"), triton.next_power_of_2(group))
+    block_q = block_m // group
+    dot_dtype, dot_precision = dot_config(query.dtype, query.device)
+    _paged_prefill_attention_kernel[(triton.cdiv(total_q, block_q) + num_seqs, num_kv_heads)](
+        query, key_cache, value_cache, out, block_tables, query_start_loc, seq_lens,
+        scale * math.log2(math.e), num_seqs,
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(head_dim),
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, **config,
+    )
+    return out
+
+
+def paged_prefill_attention_ref(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Plain torch, one sequence at a time, in fp32: gather the context through the block table, mask, softmax."""
+    _, block_size, num_kv_heads, head_dim = key_cache.shape
+    group = query.shape[1] // num_kv_heads
+    out = torch.empty_like(query)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        q = query[starts[i]:starts[i + 1]].float()  # [q_len, num_heads, head_dim]
+        q_len = q.shape[0]
+        if q_len == 0:
+            continue
+        blocks = block_tables[i, :triton.cdiv(seq_len, block_size)].long()
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()  # [seq_len, num_kv_heads, head_dim]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        causal = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # [q_len, seq_len]
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        out[starts[i]:starts[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
+    return out

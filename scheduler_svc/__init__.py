@@ -1,0 +1,1 @@
+"""Control plane: request queues, paged KV block tables, prefix cache, preemption, step planning."""

@@ -1,0 +1,34 @@
+"""Checks a request must pass before it may wait: valid for this model, able to fit the pool, room in the queue."""
+from sluice.errors import InvalidArgument, ResourceExhausted
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.request import Request
+from scheduler_svc.request_queue import WaitingQueue
+
+
+def validate_request(request: Request, config: SchedulerConfig) -> None:
+    params = request.sampling_params
+    if not request.prompt_token_ids:
+        raise InvalidArgument("prompt_token_ids", "the prompt is empty")
+    if params.max_tokens < 1:
+        raise InvalidArgument("max_tokens", f"must be >= 1, got {params.max_tokens}")
+    if params.min_tokens < 0:
+        raise InvalidArgument("min_tokens", f"must be >= 0, got {params.min_tokens}")
+    num_prompt = request.num_prompt_tokens
+    if num_prompt + params.max_tokens > config.max_model_len:
+        raise InvalidArgument("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                                            f"exceeds max_model_len ({config.max_model_len})")
+    pool_tokens = config.num_blocks * config.block_size
+    if num_prompt > pool_tokens:
+        raise InvalidArgument("prompt_token_ids", f"{num_prompt} tokens exceed the KV cache ({pool_tokens} tokens)")
+    if num_prompt + params.max_tokens > pool_tokens:
+        raise InvalidArgument("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                                            f"exceeds the KV cache ({pool_tokens} tokens)")
+
+
+def check_queue_room(request: Request, waiting: WaitingQueue, config: SchedulerConfig) -> None:
+    if len(waiting) >= config.max_waiting_requests:
+        raise ResourceExhausted(f"{len(waiting)} requests are waiting (max_waiting_requests)")
+    if waiting.num_tokens + request.num_tokens > config.max_waiting_tokens:
+        raise ResourceExhausted(f"{waiting.num_tokens} tokens are waiting; {request.num_tokens} more would exceed "
+                                f"max_waiting_tokens ({config.max_waiting_tokens})")

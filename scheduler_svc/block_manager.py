@@ -1,0 +1,167 @@
+"""Per-request block tables over the BlockPool, with automatic prefix caching (vLLM v1's KVCacheManager)."""
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from scheduler_svc.block_pool import BlockPool, KVBlock
+from scheduler_svc.prefix_hash import BlockHash, extend_block_hashes
+from scheduler_svc.request import Request
+
+
+class PrefixHit(NamedTuple):
+    """Cached blocks that hold a request's leading tokens; opaque to the scheduler, passed back to allocate_slots."""
+
+    blocks: list[KVBlock]
+    num_tokens: int
+
+
+NO_PREFIX_HIT = PrefixHit([], 0)
+
+
+@dataclass(slots=True)
+class ForkResult:
+    block_ids: list[int]  # the child's block table
+    copies: list[tuple[int, int]]  # (source, destination) block ids the worker must copy before the child writes
+
+
+class BlockManager:
+    """Only full blocks are ever shared (prefix hits, forks); a request's partial last block is always private, so a
+    shared block is never written in place."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._tables: dict[str, list[KVBlock]] = {}
+        self._block_hashes: dict[str, list[BlockHash]] = {}
+        self._num_registered_blocks: dict[str, int] = {}  # leading blocks of a table already offered to the cache
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_total_blocks(self) -> int:
+        return len(self.pool.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_total_blocks - self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_total_blocks
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.num_prefix_hit_tokens / self.num_prefix_query_tokens if self.num_prefix_query_tokens else 0.0
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self._tables.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> PrefixHit:
+        """The longest cached prefix of the request's tokens, in whole blocks, short of its last token (the step
+        must compute at least one token to have logits to sample from)."""
+        if not self.enable_prefix_caching:
+            return NO_PREFIX_HIT
+        hashes = self._hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in hashes[:max_hit_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return PrefixHit(blocks, len(blocks) * self.block_size)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       prefix_hit: PrefixHit | None = None) -> list[int] | None:
+        """Makes room for `num_new_tokens` more tokens after the computed ones. A request without blocks yet passes
+        its prefix hit (from get_computed_blocks), which becomes the head of its table. Returns the block ids
+        appended to the table, or None, changing nothing, when the pool cannot supply them."""
+        if prefix_hit is not None:
+            return self._allocate_first(request, num_new_tokens, prefix_hit)
+        table = self._tables.setdefault(request.request_id, [])
+        self._num_registered_blocks.setdefault(request.request_id, 0)
+        num_new_blocks = self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
+        if num_new_blocks <= 0:
+            return []
+        if num_new_blocks > self.pool.num_free_blocks:
+            return None
+        added = self.pool.allocate(num_new_blocks)
+        table.extend(added)
+        return [block.block_id for block in added]
+
+    def _allocate_first(self, request: Request, num_new_tokens: int, prefix_hit: PrefixHit) -> list[int] | None:
+        if self._tables.get(request.request_id):
+            raise ValueError(f"request {request.request_id} already has blocks; pass no prefix hit")
+        num_new_blocks = max(self.num_blocks_for(prefix_hit.num_tokens + num_new_tokens) - len(prefix_hit.blocks), 0)
+        num_revived = sum(1 for block in prefix_hit.blocks if block.ref_count == 0)
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(prefix_hit.blocks)
+        table = self._tables[request.request_id] = prefix_hit.blocks + self.pool.allocate(num_new_blocks)
+        self._num_registered_blocks[request.request_id] = len(prefix_hit.blocks)
+        if self.enable_prefix_caching:
+            self.num_prefix_query_tokens += request.num_tokens
+            self.num_prefix_hit_tokens += prefix_hit.num_tokens
+        return [block.block_id for block in table]
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Offers the request's full, computed blocks to the prefix cache (incrementally: only the new ones)."""
+        if not self.enable_prefix_caching:
+            return
+        table = self._tables.get(request.request_id)
+        if not table:
+            return
+        start = self._num_registered_blocks[request.request_id]
+        end = min(request.num_computed_tokens // self.block_size, len(table))
+        if end <= start:
+            return
+        hashes = self._hashes(request)
+        for i in range(start, end):
+            self.pool.cache(table[i], hashes[i])
+        self._num_registered_blocks[request.request_id] = end
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks, tail first so a shared prefix outlives its tails in the cache. Idempotent."""
+        table = self._tables.pop(request.request_id, None)
+        self._block_hashes.pop(request.request_id, None)
+        self._num_registered_blocks.pop(request.request_id, None)
+        if table:
+            self.pool.free(table[::-1])
+
+    def fork(self, parent_request_id: str, child_request_id: str, num_computed_tokens: int) -> ForkResult | None:
+        """Gives the child the parent's first `num_computed_tokens` of KV (for n > 1 sampling). Full blocks are
+        shared by reference; a partial last block is copied into a fresh private block (copy-on-write done at fork
+        time, since the child writes into it at its very next step). None if no block is free for that copy."""
+        parent_table = self._tables[parent_request_id]
+        if child_request_id in self._tables:
+            raise ValueError(f"request {child_request_id} already has blocks")
+        num_full, partial = divmod(num_computed_tokens, self.block_size)
+        if self.num_blocks_for(num_computed_tokens) > len(parent_table):
+            raise ValueError(f"parent {parent_request_id} holds fewer than {num_computed_tokens} tokens")
+        if partial and self.pool.num_free_blocks < 1:
+            return None
+        shared = parent_table[:num_full]
+        self.pool.touch(shared)
+        child_table = shared + (self.pool.allocate(1) if partial else [])
+        self._tables[child_request_id] = child_table
+        self._num_registered_blocks[child_request_id] = min(num_full, self._num_registered_blocks[parent_request_id])
+        if parent_request_id in self._block_hashes:
+            self._block_hashes[child_request_id] = self._block_hashes[parent_request_id][:num_full]
+        copies = [(parent_table[num_full].block_id, child_table[-1].block_id)] if partial else []
+        return ForkResult([block.block_id for block in child_table], copies)
+
+    def reset_prefix_cache(self) -> int:
+        """Evicts every cached block that no request holds; returns how many."""
+        return self.pool.evict_all_cached()
+
+    def _hashes(self, request: Request) -> list[BlockHash]:
+        hashes = self._block_hashes.setdefault(request.request_id, [])
+        extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.cache_salt)
+        return hashes

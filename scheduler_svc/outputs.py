@@ -1,0 +1,28 @@
+"""What the scheduler reports to the router: per-request token deltas and the replica's load."""
+from dataclasses import dataclass
+
+from scheduler_svc.request import FinishReason
+
+
+@dataclass(slots=True)
+class RequestUpdate:
+    request_id: str
+    new_token_ids: list[int]  # tokens sampled since the last update (a delta)
+    finish_reason: FinishReason | None  # None while the request runs on
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class LoadSnapshot:
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_free_blocks: int  # includes cached blocks no request holds (evictable)
+    num_total_blocks: int
+    prefix_cache_hit_rate: float  # hit tokens / queried tokens since start
+    num_preemptions: int  # since start

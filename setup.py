@@ -1,0 +1,30 @@
+"""Generates the gRPC code from protos/ into sluice/v1/ as part of every build, editable installs included."""
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).parent
+PROTO_ROOT = ROOT / "protos"
+
+
+def generate_protos() -> None:
+    import grpc_tools
+    from grpc_tools import protoc
+
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.glob("sluice/v1/*.proto"))
+    well_known = str(Path(grpc_tools.__file__).parent / "_proto")
+    args = ["protoc", f"-I{PROTO_ROOT}", f"-I{well_known}", f"--python_out={ROOT}", f"--pyi_out={ROOT}",
+            f"--grpc_python_out={ROOT}", *protos]
+    if protoc.main(args) != 0:
+        raise RuntimeError("protoc failed")
+    (ROOT / "sluice" / "v1" / "__init__.py").touch()
+
+
+class BuildWithProtos(build_py):
+    def run(self):
+        generate_protos()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildWithProtos})

@@ -1,0 +1,1 @@
+"""Data plane: weights, KV cache tensors and sampling; runs one engine step per StepRequest."""

@@ -1,0 +1,28 @@
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    model: str  # a Hugging Face folder, a .gguf file, or a shape name with load_format "dummy"
+    load_format: str = "auto"  # "auto" (folder or .gguf) or "dummy" (random weights of a named shape)
+    dtype: str = "float32"
+    device: str = "cpu"
+    kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]

@@ -1,0 +1,47 @@
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, read from a Hugging Face config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = hf.get("eos_token_id")
+        return cls(
+            architecture=hf["architectures"][0],
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            rms_norm_eps=hf["rms_norm_eps"],
+            rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
+            rope_scaling=None if rope_type == "default" else dict(rope, rope_type=rope_type),
+            max_position_embeddings=hf["max_position_embeddings"],
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )

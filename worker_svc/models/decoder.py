@@ -1,0 +1,99 @@
+"""One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+
+Tokens of all sequences in a step are flattened into one batch: [num_tokens, hidden]. Operators come from an injected
+`ops` object (plain torch on the CPU, Triton kernels on a GPU), so the same module code serves both paths.
+"""
+import torch
+from torch import nn
+
+from worker_svc.attention_metadata import AttentionMetadata
+from worker_svc.model_config import ModelConfig
+from worker_svc.models.registry import ArchitectureTraits
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, ops):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=traits.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
+        self.scale = self.head_dim**-0.5
+        self.ops = ops
+
+    def forward(self, x, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # q: [num_tokens, num_heads, head_dim]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # k, v: [num_tokens, num_kv_heads, head_dim]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.ops.rotary(positions, q, k, cos_sin_cache)
+        key_cache, value_cache = kv_cache
+        self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = self.ops.attention(q, key_cache, value_cache, meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, ops):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, traits, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
+
+    def forward(self, x, residual, positions, cos_sin_cache, kv_cache, meta):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, cos_sin_cache, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, traits, ops) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata, logits_indices):
+        x, residual = self.embed_tokens(input_ids), None  # x: [num_tokens, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, cos_sin_cache, kv_cache, meta)
+        x, _ = self.norm(x, residual)
+        return self.lm_head(x[logits_indices]).float()  # [num_sampled, vocab]
