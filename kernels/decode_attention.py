@@ -85,7 +85,8 @@ def _paged_decode_attention_kernel(
 
     # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
     nonempty = l > 0
-    o = acc / tl.where(nonempty, l, 1.0)[:, None]
+    l = tl.where(nonempty, l, 1.0)
+    o = acc / l[:, None]
     if NUM_SPLITS == 1:
         o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)

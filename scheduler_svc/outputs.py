@@ -11,6 +11,7 @@ class RequestUpdate:
     finish_reason: FinishReason | None  # None while the request runs on
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    num_output_tokens: int  # all tokens generated so far
 
     @property
     def finished(self) -> bool:

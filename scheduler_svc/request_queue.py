@@ -1,14 +1,27 @@
-"""The waiting queue, in the order the policy admits requests. Removal is lazy (O(1)): an aborted request stays in
-the underlying structure, skipped when it reaches the front."""
+"""The waiting queue and the running order, both sorted by the scheduling policy's key."""
 import heapq
 import itertools
-from collections import deque
+from collections.abc import Callable
 
 from scheduler_svc.request import Request
 
 
+def policy_key(policy: str) -> Callable[[Request], tuple]:
+    """Sort key of a policy: under "priority" lower value first, then earlier arrival; under "fcfs" arrival only."""
+    if policy == "priority":
+        return lambda request: (request.priority, request.arrival_time)
+    return lambda request: (request.arrival_time,)
+
+
 class WaitingQueue:
-    def __init__(self):
+    """A heap on the policy key. A preempted request keeps its key, so it goes back ahead of every waiting request
+    that arrived after it (under "fcfs", at the front). Removal is lazy and O(1): a removed request stays in the heap
+    and is skipped when it reaches the top."""
+
+    def __init__(self, policy: str):
+        self._key = policy_key(policy)
+        self._heap: list[tuple[tuple, int, Request]] = []
+        self._counter = itertools.count()
         self._live: dict[str, Request] = {}
         self.num_tokens = 0  # tokens of the live waiting requests, for admission bounds
 
@@ -22,98 +35,24 @@ class WaitingQueue:
         return self._live.get(request.request_id) is request
 
     def push(self, request: Request) -> None:
-        self._track(request)
-        self._push(request)
-
-    def push_front(self, request: Request) -> None:
-        """Requeues a preempted request ahead of the requests that arrived after it."""
-        self._track(request)
-        self._push_front(request)
+        self._live[request.request_id] = request
+        self.num_tokens += request.num_tokens
+        heapq.heappush(self._heap, (self._key(request), next(self._counter), request))
 
     def peek(self) -> Request | None:
-        self._drop_removed()
-        return self._front()
+        while self._heap and self._heap[0][2] not in self:
+            heapq.heappop(self._heap)
+        return self._heap[0][2] if self._heap else None
 
     def pop(self) -> Request:
-        self._drop_removed()
-        request = self._pop()
-        self._untrack(request)
+        request = self.peek()
+        if request is None:
+            raise IndexError("pop from an empty waiting queue")
+        heapq.heappop(self._heap)
+        self.remove(request)
         return request
 
     def remove(self, request: Request) -> None:
         if request in self:
-            self._untrack(request)
-
-    def _track(self, request: Request) -> None:
-        self._live[request.request_id] = request
-        self.num_tokens += request.num_tokens
-
-    def _untrack(self, request: Request) -> None:
-        del self._live[request.request_id]
-        self.num_tokens -= request.num_tokens
-
-    def _drop_removed(self) -> None:
-        while (front := self._front()) is not None and front not in self:
-            self._pop()
-
-    def _push(self, request: Request) -> None:
-        raise NotImplementedError
-
-    def _push_front(self, request: Request) -> None:
-        raise NotImplementedError
-
-    def _front(self) -> Request | None:
-        raise NotImplementedError
-
-    def _pop(self) -> Request:
-        raise NotImplementedError
-
-
-class FcfsQueue(WaitingQueue):
-    def __init__(self):
-        super().__init__()
-        self._queue: deque[Request] = deque()
-
-    def _push(self, request: Request) -> None:
-        self._queue.append(request)
-
-    def _push_front(self, request: Request) -> None:
-        self._queue.appendleft(request)
-
-    def _front(self) -> Request | None:
-        return self._queue[0] if self._queue else None
-
-    def _pop(self) -> Request:
-        return self._queue.popleft()
-
-
-class PriorityQueue(WaitingQueue):
-    """Lower priority value first, then earlier arrival. A preempted request keeps its key, so it goes back ahead of
-    every waiting request of its priority that arrived after it."""
-
-    def __init__(self):
-        super().__init__()
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._counter = itertools.count()
-
-    def _push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._counter), request))
-
-    _push_front = _push
-
-    def _front(self) -> Request | None:
-        return self._heap[0][3] if self._heap else None
-
-    def _pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
-
-
-def make_waiting_queue(policy: str) -> WaitingQueue:
-    return PriorityQueue() if policy == "priority" else FcfsQueue()
-
-
-def running_order_key(policy: str):
-    """Sort key of the running list: its last request is the one preemption takes first."""
-    if policy == "priority":
-        return lambda request: (request.priority, request.arrival_time)
-    return lambda request: request.arrival_time
+            del self._live[request.request_id]
+            self.num_tokens -= request.num_tokens

@@ -9,7 +9,7 @@ from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.request import FinishReason, Request, RequestStatus
-from scheduler_svc.request_queue import make_waiting_queue, running_order_key
+from scheduler_svc.request_queue import WaitingQueue, policy_key
 from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from scheduler_svc.stop_check import check_stop
 from sluice.errors import InvalidArgument
@@ -33,9 +33,9 @@ class Scheduler:
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.num_preemptions = 0
         self._requests: dict[str, Request] = {}  # every unfinished request
-        self._waiting = make_waiting_queue(config.policy)
-        self._running: list[Request] = []  # sorted by policy: the last one is preempted first
-        self._running_key = running_order_key(config.policy)
+        self._waiting = WaitingQueue(config.policy)
+        self._running: list[Request] = []  # sorted by policy key: the last one is preempted first
+        self._running_key = policy_key(config.policy)
         self._deadlines: list[tuple[float, int, Request]] = []
         self._deadline_counter = itertools.count()
         self._worker_dropped_ids: list[str] = []  # finished or preempted since the last plan
@@ -210,7 +210,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self._waiting.push_front(request)
+        self._waiting.push(request)
         self._worker_dropped_ids.append(request.request_id)
         num_scheduled = draft.num_scheduled_tokens.pop(request.request_id, 0)
         draft.token_budget += num_scheduled
@@ -230,4 +230,4 @@ class Scheduler:
     @staticmethod
     def _update(request: Request, new_token_ids: list[int]) -> RequestUpdate:
         return RequestUpdate(request.request_id, new_token_ids, request.finish_reason, request.num_prompt_tokens,
-                             request.num_cached_tokens)
+                             request.num_cached_tokens, request.num_output_tokens)

@@ -1,0 +1,1 @@
+"""The public gRPC service: validation, tokenization, streaming detokenization, stop strings, routing."""

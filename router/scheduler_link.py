@@ -1,0 +1,93 @@
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from sluice.grpc_options import CHANNEL_OPTIONS
+from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger("sluice.router")
+
+
+@dataclass(slots=True)
+class Tokens:
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class LinkLost:
+    details: str
+
+
+Event = Tokens | scheduler_pb2.Finished | scheduler_pb2.Rejection | LinkLost
+
+
+class SchedulerLink:
+    """The router's one bidirectional stream to a scheduler, multiplexing all of this router's requests."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        self._outgoing: asyncio.Queue[scheduler_pb2.RouterMessage] = asyncio.Queue()
+        self._streams: dict[str, asyncio.Queue[Event]] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def model_info(self, timeout: float) -> generation_pb2.ModelInfo:
+        return await self.stub.GetModelInfo(generation_pb2.GetModelInfoRequest(), timeout=timeout,
+                                            wait_for_ready=True)
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(self._read(self.stub.Connect(self._send())))
+
+    @property
+    def connected(self) -> bool:
+        return self._reader is not None and not self._reader.done()
+
+    def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        self._streams[submit.request_id] = events
+        self._outgoing.put_nowait(scheduler_pb2.RouterMessage(submit=submit))
+        return events
+
+    def finish(self, request_id: str, reason: int) -> bool:
+        """Asks the scheduler to end a request (ABORT for a cancel, STOP for a matched stop string)."""
+        finish = scheduler_pb2.Finish(request_id=request_id, reason=reason)
+        self._outgoing.put_nowait(scheduler_pb2.RouterMessage(finish=finish))
+        return request_id in self._streams
+
+    def release(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    async def _send(self):
+        while True:
+            yield await self._outgoing.get()
+
+    async def _read(self, call) -> None:
+        try:
+            async for message in call:
+                self._dispatch(message.step)
+            details = "scheduler closed the stream"
+        except grpc.aio.AioRpcError as error:
+            details = f"scheduler {self.address}: {error.code().name} {error.details()}"
+        log.error("lost the scheduler link: %s", details)
+        for events in self._streams.values():
+            events.put_nowait(LinkLost(details))
+
+    def _dispatch(self, step: scheduler_pb2.StepUpdate) -> None:
+        offset = 0
+        for request_id, count in zip(step.request_ids, step.token_counts):
+            events = self._streams.get(request_id)
+            if events is not None:
+                events.put_nowait(Tokens(list(step.token_ids[offset:offset + count])))
+            offset += count
+        for message in (*step.finished, *step.rejections):
+            events = self._streams.get(message.request_id)
+            if events is not None:
+                events.put_nowait(message)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.channel.close()

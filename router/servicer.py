@@ -1,0 +1,112 @@
+import time
+import uuid
+
+import grpc
+
+from router.scheduler_link import LinkLost, SchedulerLink, Tokens
+from router.tokenizer import RouterTokenizer
+from router.validation import validate_prompt, validate_sampling
+from sluice.errors import InvalidArgument
+from sluice.sampling_params import SamplingParams
+from sluice.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
+from sluice.v1 import generation_pb2 as pb
+from sluice.v1 import generation_pb2_grpc, scheduler_pb2
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, link: SchedulerLink, tokenizer: RouterTokenizer, model_info: pb.ModelInfo):
+        self.link = link
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+
+    async def Generate(self, request: pb.GenerateRequest, context):
+        prompt_ids = self._prompt_token_ids(request)
+        params = self._sampling_params(request.sampling, len(prompt_ids))
+        request_id = request.request_id or uuid.uuid4().hex
+        remaining = context.time_remaining()
+        submit = scheduler_pb2.Submit(
+            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_params_to_pb(params),
+            priority=request.priority, cache_salt=request.cache_salt,
+            deadline_unix_seconds=time.time() + remaining if remaining is not None else 0)
+        started = time.perf_counter()
+        first_token_at = None
+        detokenizer = self.tokenizer.detokenizer()
+        events = self.link.submit(submit)
+        done = False
+        try:
+            while not done:
+                token_ids, ending = _coalesce(await events.get(), events)
+                if token_ids:
+                    first_token_at = first_token_at or time.perf_counter()
+                    chunk = pb.Chunk(text=detokenizer.push(token_ids),
+                                     token_ids=token_ids if request.return_token_ids else [])
+                    yield pb.GenerateResponse(request_id=request_id, chunk=chunk)
+                if ending is not None:
+                    done = True
+                    yield await self._complete(ending, request_id, started, first_token_at, context)
+        finally:
+            if not done:
+                self.link.finish(request_id, pb.FINISH_REASON_ABORT)
+            self.link.release(request_id)
+
+    @staticmethod
+    async def _complete(ending, request_id: str, started: float, first_token_at: float | None, context):
+        if isinstance(ending, LinkLost):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, ending.details)
+        if isinstance(ending, scheduler_pb2.Rejection):
+            await context.abort(_status_code(ending.status_code), ending.message)
+        if ending.deadline_exceeded:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
+        now = time.perf_counter()
+        timings = pb.Timings(time_to_first_token_seconds=(first_token_at or now) - started, total_seconds=now - started)
+        complete = pb.Complete(finish_reason=ending.reason, usage=ending.usage, timings=timings)
+        return pb.GenerateResponse(request_id=request_id, complete=complete)
+
+    def _prompt_token_ids(self, request: pb.GenerateRequest) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind == "text":
+            token_ids = self.tokenizer.encode_text(request.text) if request.text else []
+        elif kind == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            token_ids = self.tokenizer.encode_chat(messages) if messages else []
+        elif kind == "tokens":
+            token_ids = list(request.tokens.ids)
+        else:
+            raise InvalidArgument("input", "set one of text, tokens or chat")
+        validate_prompt(token_ids, self.tokenizer.vocab_size, self.model_info.max_model_len, kind)
+        return token_ids
+
+    def _sampling_params(self, message: pb.SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        default_max_tokens = self.model_info.max_model_len - num_prompt_tokens
+        params = sampling_params_from_pb(message, SamplingParams(max_tokens=default_max_tokens))
+        validate_sampling(params, num_prompt_tokens, self.model_info.max_model_len, self.tokenizer.vocab_size)
+        return params
+
+    async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
+        return pb.AbortResponse(found=self.link.finish(request.request_id, pb.FINISH_REASON_ABORT))
+
+    async def GetModelInfo(self, request, context) -> pb.ModelInfo:
+        return self.model_info
+
+    async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
+        if request.WhichOneof("input") == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            return pb.TokenizeResponse(token_ids=self.tokenizer.encode_chat(messages))
+        return pb.TokenizeResponse(token_ids=self.tokenizer.encode_text(request.text))
+
+
+def _coalesce(event, events) -> tuple[list[int], object | None]:
+    """Merges every event already queued, so a slow client gets one chunk instead of a backlog of small ones."""
+    token_ids: list[int] = []
+    while True:
+        if isinstance(event, Tokens):
+            token_ids.extend(event.token_ids)
+        else:
+            return token_ids, event
+        if events.empty():
+            return token_ids, None
+        event = events.get_nowait()
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    return next(code for code in grpc.StatusCode if code.value[0] == value)

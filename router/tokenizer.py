@@ -1,0 +1,36 @@
+from pathlib import Path
+
+from tokenizers.decoders import DecodeStream
+from transformers import AutoTokenizer
+
+
+class RouterTokenizer:
+    """Text and chat messages to token ids (with the model's chat template), and streaming detokenization."""
+
+    def __init__(self, model_path: Path):
+        if model_path.suffix == ".gguf":
+            self._hf = AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name)
+        else:
+            self._hf = AutoTokenizer.from_pretrained(model_path)
+        self.vocab_size = len(self._hf)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._hf(text).input_ids
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        encoded = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def detokenizer(self) -> "IncrementalDetokenizer":
+        return IncrementalDetokenizer(self._hf.backend_tokenizer)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text deltas that never split a UTF-8 character."""
+
+    def __init__(self, backend):
+        self._backend = backend
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def push(self, token_ids: list[int]) -> str:
+        return "".join(self._stream.step(self._backend, token_id) or "" for token_id in token_ids)

@@ -1,0 +1,48 @@
+import asyncio
+from collections import defaultdict
+
+from scheduler_svc.outputs import RequestUpdate
+from scheduler_svc.updates_pb import step_update_to_pb
+from sluice.v1 import scheduler_pb2 as pb
+
+Outbox = asyncio.Queue  # of pb.SchedulerMessage, one per engine step per router
+
+
+class RouterSessions:
+    """Which router stream owns which request; fans each step's updates out as one message per router."""
+
+    def __init__(self):
+        self._owner: dict[str, Outbox] = {}
+        self._owned: dict[Outbox, set[str]] = {}
+
+    def open(self) -> Outbox:
+        outbox: Outbox = asyncio.Queue()
+        self._owned[outbox] = set()
+        return outbox
+
+    def close(self, outbox: Outbox) -> set[str]:
+        request_ids = self._owned.pop(outbox, set())
+        for request_id in request_ids:
+            del self._owner[request_id]
+        return request_ids
+
+    def bind(self, request_id: str, outbox: Outbox) -> None:
+        self._owner[request_id] = outbox
+        self._owned[outbox].add(request_id)
+
+    def publish(self, updates: list[RequestUpdate]) -> None:
+        by_outbox: dict[Outbox, list[RequestUpdate]] = defaultdict(list)
+        for update in updates:
+            outbox = self._owner.get(update.request_id)
+            if outbox is not None:
+                by_outbox[outbox].append(update)
+            if update.finished and outbox is not None:
+                del self._owner[update.request_id]
+                self._owned[outbox].discard(update.request_id)
+        for outbox, group in by_outbox.items():
+            outbox.put_nowait(pb.SchedulerMessage(step=step_update_to_pb(group)))
+
+    @staticmethod
+    def reject(outbox: Outbox, request_id: str, status_code: int, message: str) -> None:
+        rejection = pb.Rejection(request_id=request_id, status_code=status_code, message=message)
+        outbox.put_nowait(pb.SchedulerMessage(step=pb.StepUpdate(rejections=[rejection])))

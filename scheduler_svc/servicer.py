@@ -1,0 +1,46 @@
+import asyncio
+
+from scheduler_svc.engine_loop import EngineLoop
+from scheduler_svc.request import FinishReason
+from scheduler_svc.router_sessions import Outbox, RouterSessions
+from scheduler_svc.updates_pb import finish_reason_from_pb, load_to_pb, request_from_pb
+from sluice.errors import SluiceError
+from sluice.grpc_errors import status_for
+from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, loop: EngineLoop, sessions: RouterSessions, model_info: generation_pb2.ModelInfo):
+        self.loop = loop
+        self.sessions = sessions
+        self.model_info = model_info
+
+    async def Connect(self, request_iterator, context):
+        outbox = self.sessions.open()
+        reader = asyncio.create_task(self._read(request_iterator, outbox))
+        try:
+            while True:
+                yield await outbox.get()
+        finally:
+            reader.cancel()
+            for request_id in self.sessions.close(outbox):
+                self.loop.finish(request_id, FinishReason.ABORT)
+
+    async def _read(self, request_iterator, outbox: Outbox) -> None:
+        async for message in request_iterator:
+            if message.HasField("submit"):
+                self._submit(message.submit, outbox)
+            else:
+                self.loop.finish(message.finish.request_id, finish_reason_from_pb(message.finish.reason))
+
+    def _submit(self, submit: scheduler_pb2.Submit, outbox: Outbox) -> None:
+        try:
+            self.loop.submit(request_from_pb(submit), outbox)
+        except SluiceError as error:
+            self.sessions.reject(outbox, submit.request_id, status_for(error).value[0], str(error))
+
+    async def GetLoad(self, request, context) -> scheduler_pb2.Load:
+        return load_to_pb(self.loop.scheduler.get_load())
+
+    async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
+        return self.model_info

@@ -1,0 +1,64 @@
+"""Router-facing messages (scheduler.proto) to and from the scheduler's domain types."""
+import time
+
+from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
+from scheduler_svc.request import FinishReason, Request
+from sluice.sampling_params_pb import sampling_params_from_pb
+from sluice.v1 import generation_pb2, scheduler_pb2
+
+_FINISH_REASON_PB = {
+    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: generation_pb2.FINISH_REASON_ABORT,
+    FinishReason.DEADLINE: generation_pb2.FINISH_REASON_ABORT,
+}
+_FINISH_REASON_FROM_PB = {
+    generation_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    generation_pb2.FINISH_REASON_ABORT: FinishReason.ABORT,
+}
+
+
+def request_from_pb(submit: scheduler_pb2.Submit) -> Request:
+    deadline = None
+    if submit.deadline_unix_seconds:
+        deadline = time.monotonic() + submit.deadline_unix_seconds - time.time()
+    return Request(
+        request_id=submit.request_id,
+        prompt_token_ids=list(submit.prompt_token_ids),
+        sampling_params=sampling_params_from_pb(submit.sampling),
+        priority=submit.priority,
+        cache_salt=submit.cache_salt or None,
+        deadline=deadline,
+    )
+
+
+def finish_reason_from_pb(reason: int) -> FinishReason:
+    return _FINISH_REASON_FROM_PB.get(reason, FinishReason.ABORT)
+
+
+def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
+    with_tokens = [u for u in updates if u.new_token_ids]
+    return scheduler_pb2.StepUpdate(
+        request_ids=[u.request_id for u in with_tokens],
+        token_counts=[len(u.new_token_ids) for u in with_tokens],
+        token_ids=[token for u in with_tokens for token in u.new_token_ids],
+        finished=[_finished_to_pb(u) for u in updates if u.finished],
+    )
+
+
+def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
+    return scheduler_pb2.Finished(
+        request_id=update.request_id,
+        reason=_FINISH_REASON_PB[update.finish_reason],
+        usage=generation_pb2.Usage(prompt_tokens=update.num_prompt_tokens,
+                                   completion_tokens=update.num_output_tokens,
+                                   cached_tokens=update.num_cached_tokens),
+        deadline_exceeded=update.finish_reason is FinishReason.DEADLINE,
+    )
+
+
+def load_to_pb(load: LoadSnapshot) -> scheduler_pb2.Load:
+    return scheduler_pb2.Load(
+        num_running=load.num_running, num_waiting=load.num_waiting, num_used_blocks=load.num_used_blocks,
+        num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
+        prefix_cache_hit_rate=load.prefix_cache_hit_rate, num_preemptions=load.num_preemptions)

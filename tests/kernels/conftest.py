@@ -1,0 +1,58 @@
+"""Kernel tests run compiled on CUDA when a GPU is present, else in Triton's interpreter on the CPU.
+
+TRITON_INTERPRET must be set before any @triton.jit runs, so this file sets it before the test modules import
+`kernels`. Tests marked `gpu` use realistic (large) shapes and are skipped without CUDA.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: realistic-shape kernel test, needs a CUDA device")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def make_paged_kv(device):
+    """Factory: random K/V caches whose sequences own shuffled, non-contiguous blocks (plus unused decoy blocks)."""
+
+    def make(seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype, block_size: int = 16):
+        blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+        max_blocks = max(max(blocks_per_seq), 1)
+        num_blocks = sum(blocks_per_seq) + 3
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        key_cache = torch.randn(shape, device=device).to(dtype)
+        value_cache = torch.randn(shape, device=device).to(dtype)
+        perm = torch.randperm(num_blocks, device=device).to(torch.int32)
+        block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32, device=device)
+        used = 0
+        for i, n in enumerate(blocks_per_seq):
+            block_tables[i, :n] = perm[used:used + n]
+            used += n
+        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        return key_cache, value_cache, block_tables, seq_lens_t
+
+    return make

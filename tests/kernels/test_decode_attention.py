@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from kernels import paged_decode_attention, paged_decode_attention_ref
+
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def _run(make_paged_kv, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, num_splits, block_size=16):
+    key_cache, value_cache, block_tables, lens = make_paged_kv(seq_lens, num_kv_heads, head_dim, dtype, block_size)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, device=device).to(dtype)
+    scale = head_dim ** -0.5
+    out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, scale, num_splits=num_splits)
+    ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, scale)
+    assert out.shape == query.shape and out.dtype == dtype
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_gqa_and_dtypes(make_paged_kv, device, dtype, head_dim, group):
+    _run(make_paged_kv, device, [1, 5, 123], 2 * group, 2, head_dim, dtype, num_splits=3)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, None])
+def test_splits(make_paged_kv, device, num_splits):
+    # 7 splits of 123 tokens: split length rounds up to whole tiles, so the last splits are short or empty
+    _run(make_paged_kv, device, [123, 1, 33, 16, 17], 4, 2, 64, torch.float32, num_splits)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_block_sizes(make_paged_kv, device, block_size):
+    _run(make_paged_kv, device, [5, 70], 3, 1, 64, torch.bfloat16, num_splits=2, block_size=block_size)
+
+
+def test_strided_query_and_empty_context(make_paged_kv, device):
+    key_cache, value_cache, block_tables, lens = make_paged_kv([40, 0], 1, 64, torch.float32)
+    qkv = torch.randn(2, 4, 64, device=device)  # query is a strided view, like a slice of a fused qkv output
+    query = qkv[:, :2]
+    out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 0.125, num_splits=2)
+    torch.testing.assert_close(out, paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # a padded batch row with no context yields zeros
+
+
+def test_rejects_bad_inputs(make_paged_kv, device):
+    key_cache, value_cache, block_tables, lens = make_paged_kv([5], 2, 64, torch.float32)
+    with pytest.raises(ValueError, match="multiple"):
+        paged_decode_attention(torch.randn(1, 3, 64, device=device), key_cache, value_cache, block_tables, lens, 1.0)
+    with pytest.raises(TypeError):
+        paged_decode_attention(torch.randn(1, 2, 64, device=device).half(), key_cache, value_cache, block_tables,
+                               lens, 1.0)
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_decode_attention(torch.randn(1, 2, 64, device=device), key_cache, value_cache, block_tables.long(),
+                               lens, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, max_context", [(1, 4096), (64, 4096), (256, 1024)])
+def test_realistic(make_paged_kv, device, batch, max_context):
+    seq_lens = torch.randint(1, max_context + 1, (batch,)).tolist()
+    seq_lens[0] = max_context
+    _run(make_paged_kv, device, seq_lens, 16, 8, 128, torch.bfloat16, num_splits=None)

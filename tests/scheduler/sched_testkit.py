@@ -1,0 +1,104 @@
+"""Test harness for the scheduler: a fake worker that keeps a token-level model of the KV cache and checks the
+step-plan contract, plus builders for requests and schedulers."""
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.request import Request
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.step_plan import StepOutcome, StepPlan
+from sluice.sampling_params import SamplingParams
+
+EOS = 0
+
+
+def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 8, *, priority: int = 0,
+                 arrival_time: float = 0.0, cache_salt: str | None = None, deadline: float | None = None,
+                 **params) -> Request:
+    """An int prompt means that many distinct tokens, unique to the request id (no accidental prefix hits)."""
+    if isinstance(prompt, int):
+        rng = random.Random(request_id)
+        prompt = [rng.randrange(1000, 100_000) for _ in range(prompt)]
+    return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, **params), priority=priority,
+                   arrival_time=arrival_time, cache_salt=cache_salt, deadline=deadline)
+
+
+def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(num_blocks=num_blocks, **config), eos_token_ids={EOS})
+
+
+@dataclass
+class _WorkerRequest:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class FakeWorker:
+    """Plays the worker's side of the StepPlan contract. Its KV cache stores, per block slot, the token whose KV
+    was written there, so a prefix hit that hands out wrong blocks, or a write into a shared block, is caught."""
+
+    block_size: int
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    eos_probability: float = 0.0
+    vocab: int = 50
+    requests: dict[str, _WorkerRequest] = field(default_factory=dict)
+    kv: dict[int, list[int | None]] = field(default_factory=dict)
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        for request_id in plan.finished_request_ids:
+            self.requests.pop(request_id, None)
+        new_ids = [new.request_id for new in plan.new_requests]
+        cached_ids = [cached.request_id for cached in plan.cached_requests]
+        assert not set(new_ids) & set(cached_ids), "a request is both new and cached"
+        assert set(new_ids) | set(cached_ids) == set(plan.num_scheduled_tokens)
+        for new in plan.new_requests:
+            assert new.request_id not in self.requests, f"{new.request_id} sent whole twice"
+            for pos in range(new.num_computed_tokens):
+                assert self._kv_at(new.block_ids, pos) == new.token_ids[pos], "prefix hit returned wrong KV"
+            self.requests[new.request_id] = _WorkerRequest(list(new.token_ids), list(new.block_ids),
+                                                           new.num_computed_tokens)
+        for cached in plan.cached_requests:
+            state = self.requests[cached.request_id]
+            assert cached.num_computed_tokens == state.num_computed_tokens
+            state.block_ids += cached.new_block_ids
+        holders = Counter(block for state in self.requests.values() for block in state.block_ids)
+        sampled = {}
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            assert num_tokens > 0
+            state = self.requests[request_id]
+            for pos in range(state.num_computed_tokens, state.num_computed_tokens + num_tokens):
+                block = state.block_ids[pos // self.block_size]
+                assert holders[block] == 1, f"write into block {block} shared by {holders[block]} requests"
+                self.kv.setdefault(block, [None] * self.block_size)[pos % self.block_size] = state.token_ids[pos]
+            state.num_computed_tokens += num_tokens
+            assert state.num_computed_tokens <= len(state.token_ids)
+            if state.num_computed_tokens == len(state.token_ids):
+                token = self.sample()
+                state.token_ids.append(token)
+                sampled[request_id] = token
+        return StepOutcome(plan.step_id, sampled)
+
+    def sample(self) -> int:
+        if self.rng.random() < self.eos_probability:
+            return EOS
+        return self.rng.randrange(1, self.vocab)
+
+    def _kv_at(self, block_ids: list[int], pos: int) -> int | None:
+        return self.kv.get(block_ids[pos // self.block_size], [None] * self.block_size)[pos % self.block_size]
+
+
+def step(scheduler: Scheduler, worker: FakeWorker):
+    plan = scheduler.schedule()
+    return plan, scheduler.update_from_outcome(plan, worker.execute(plan))
+
+
+def run_to_completion(scheduler: Scheduler, worker: FakeWorker, max_steps: int = 10_000):
+    updates, steps = [], 0
+    while scheduler.has_unfinished_requests():
+        assert steps < max_steps, "no progress"
+        updates += step(scheduler, worker)[1]
+        steps += 1
+    return updates, steps
