@@ -39,6 +39,7 @@ class BlockPool:
         blocks = []
         for _ in range(num_blocks):
             _, block = self._free_queue.popitem(last=False)
+            self._evict(block)
             block.ref_count = 1
             blocks.append(block)
         return blocks

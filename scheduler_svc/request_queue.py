@@ -16,7 +16,7 @@ def policy_key(policy: str) -> Callable[[Request], tuple]:
 class WaitingQueue:
     """A heap on the policy key. A preempted request keeps its key, so it goes back ahead of every waiting request
     that arrived after it (under "fcfs", at the front). Removal is lazy and O(1): a removed request stays in the heap
-    and is skipped when it reaches the top."""
+    and is skipped when it reaches the top, or dropped when removed entries outnumber live ones."""
 
     def __init__(self, policy: str):
         self._key = policy_key(policy)
@@ -56,3 +56,6 @@ class WaitingQueue:
         if request in self:
             del self._live[request.request_id]
             self.num_tokens -= request.num_tokens
+            if len(self._heap) > 2 * len(self._live) + 64:
+                self._heap = [entry for entry in self._heap if entry[2] in self]
+                heapq.heapify(self._heap)

@@ -53,6 +53,9 @@ class Scheduler:
         self._waiting.push(request)
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, next(self._deadline_counter), request))
+            if len(self._deadlines) > 2 * len(self._requests) + 64:  # drop the entries of finished requests
+                self._deadlines = [entry for entry in self._deadlines if self._is_live(entry[2])]
+                heapq.heapify(self._deadlines)
 
     def abort_request(self, request_id: str) -> RequestUpdate | None:
         return self.finish_request(request_id, FinishReason.ABORT)
@@ -70,7 +73,7 @@ class Scheduler:
         updates = []
         while self._deadlines and self._deadlines[0][0] <= now:
             request = heapq.heappop(self._deadlines)[2]
-            if self._requests.get(request.request_id) is request:
+            if self._is_live(request):
                 self._finish(request, FinishReason.DEADLINE)
                 updates.append(self._update(request, []))
         return updates
@@ -216,6 +219,9 @@ class Scheduler:
         draft.token_budget += num_scheduled
         draft.running.pop(request.request_id, None)
         draft.preempted = True
+
+    def _is_live(self, request: Request) -> bool:
+        return self._requests.get(request.request_id) is request
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status is RUNNING:

@@ -46,6 +46,7 @@ class FakeWorker:
     vocab: int = 50
     requests: dict[str, _WorkerRequest] = field(default_factory=dict)
     kv: dict[int, list[int | None]] = field(default_factory=dict)
+    sampled_log: dict[str, list[int]] = field(default_factory=dict)  # every token sampled, per request id
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         for request_id in plan.finished_request_ids:
@@ -79,6 +80,7 @@ class FakeWorker:
                 token = self.sample()
                 state.token_ids.append(token)
                 sampled[request_id] = token
+                self.sampled_log.setdefault(request_id, []).append(token)
         return StepOutcome(plan.step_id, sampled)
 
     def sample(self) -> int:

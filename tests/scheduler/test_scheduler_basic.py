@@ -129,3 +129,20 @@ def test_schedule_twice_without_outcome_is_refused():
     scheduler.schedule()
     with pytest.raises(RuntimeError):
         scheduler.schedule()
+
+
+def test_outcome_of_another_step_is_refused():
+    scheduler = make_scheduler(num_blocks=16)
+    scheduler.add_request(make_request("a", 4))
+    plan = scheduler.schedule()
+    outcome = FakeWorker(block_size=16).execute(plan)
+    outcome.step_id += 1
+    with pytest.raises(ValueError):
+        scheduler.update_from_outcome(plan, outcome)
+
+
+@pytest.mark.parametrize("bad", [dict(num_blocks=0), dict(block_size=0), dict(policy="lottery"),
+                                 dict(max_num_batched_tokens=0), dict(max_waiting_tokens=10)])
+def test_config_is_validated(bad):
+    with pytest.raises(ValueError):
+        make_scheduler(**({"num_blocks": 16} | bad))

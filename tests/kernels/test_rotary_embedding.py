@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from kernels import build_cos_sin_cache, rope_inv_freq, rotary_embedding, rotary_embedding_ref
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 5, 123])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 4, 64), (6, 2, 128), (3, 1, 64)])
+def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim):
+    cache = build_cos_sin_cache(head_dim, 4096, 500000.0, LLAMA3_SCALING, dtype).to(device)
+    positions = torch.randint(0, 4096, (num_tokens,), device=device)
+    # query and key are strided views of one fused qkv output, rotated in place
+    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=device).to(dtype)
+    query, key = qkv[:, :num_heads], qkv[:, num_heads:num_heads + num_kv_heads]
+    ref_q, ref_k = query.clone(), key.clone()
+    value_before = qkv[:, num_heads + num_kv_heads:].clone()
+
+    rotary_embedding(positions, query, key, cache)
+    rotary_embedding_ref(positions, ref_q, ref_k, cache)
+    torch.testing.assert_close(query, ref_q, **TOL[dtype])
+    torch.testing.assert_close(key, ref_k, **TOL[dtype])
+    assert torch.equal(qkv[:, num_heads + num_kv_heads:], value_before)
+
+
+def test_int32_positions_and_position_zero(device):
+    cache = build_cos_sin_cache(64, 16, 10000.0, None, torch.float32).to(device)
+    query, key = torch.randn(2, 3, 2, 64, device=device)
+    q0, k0 = query.clone(), key.clone()
+    rotary_embedding(torch.zeros(3, dtype=torch.int32, device=device), query, key, cache)
+    torch.testing.assert_close(query, q0)  # position 0 is the identity
+    torch.testing.assert_close(key, k0)
+
+
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING], ids=["default", "llama3"])
+@pytest.mark.parametrize("head_dim, base", [(64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_transformers(rope_scaling, head_dim, base, dtype):
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    rope_parameters = {"rope_type": "default", "rope_theta": base, **(rope_scaling or {})}
+    config = llama.LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+                               max_position_embeddings=131072, rope_parameters=rope_parameters)
+    if rope_scaling is None:
+        hf_inv_freq, _ = llama.LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    assert torch.equal(rope_inv_freq(head_dim, base, rope_scaling), hf_inv_freq)
+
+    # the table holds exactly the cos/sin HF computes for the same positions, and the ref rotates op for op
+    positions = torch.tensor([0, 1, 17, 4095, 100000])
+    x = torch.randn(1, 4, len(positions), head_dim).to(dtype)  # HF layout [batch, heads, tokens, head_dim]
+    cos, sin = llama.LlamaRotaryEmbedding(config)(x, positions[None])
+    cache = build_cos_sin_cache(head_dim, 131072, base, rope_scaling, dtype)
+    half = head_dim // 2
+    assert torch.equal(cache[positions, :half], cos[0, :, :half])
+    assert torch.equal(cache[positions, half:], sin[0, :, :half])
+    hf_q, hf_k = llama.apply_rotary_pos_emb(x, x[:, :2], cos, sin)
+    query, key = x[0].transpose(0, 1).clone(), x[0, :2].transpose(0, 1).clone()  # [tokens, heads, head_dim]
+    rotary_embedding_ref(positions, query, key, cache)
+    assert torch.equal(query, hf_q[0].transpose(0, 1)) and torch.equal(key, hf_k[0].transpose(0, 1))
+
+
+@pytest.mark.gpu
+def test_realistic(device):
+    cache = build_cos_sin_cache(128, 40960, 1000000.0, None, torch.bfloat16).to(device)
+    positions = torch.randint(0, 40960, (8192,), device=device)
+    query = torch.randn(8192, 16, 128, device=device).to(torch.bfloat16)
+    key = torch.randn(8192, 8, 128, device=device).to(torch.bfloat16)
+    ref_q, ref_k = query.clone(), key.clone()
+    rotary_embedding(positions, query, key, cache)
+    rotary_embedding_ref(positions, ref_q, ref_k, cache)
+    torch.testing.assert_close(query, ref_q, **TOL[torch.bfloat16])
+    torch.testing.assert_close(key, ref_k, **TOL[torch.bfloat16])
