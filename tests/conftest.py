@@ -2,15 +2,25 @@ import os
 from pathlib import Path
 
 import pytest
-
-
-def model_dir() -> Path:
-    from sluice.model_store import fetch_default_model
-
-    cache = Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice"))
-    return fetch_default_model(cache)
+import torch
 
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    return model_dir()
+    from sluice.model_store import fetch_default_model
+
+    return fetch_default_model(Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice")))
+
+
+@pytest.fixture(scope="session")
+def hf_model(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)

@@ -34,8 +34,7 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    hf = model.config.to_dict()
-    hf.setdefault("architectures", [type(model).__name__])
+    hf = model.config.to_dict() | {"architectures": [type(model).__name__]}
     config = ModelConfig.from_hf(hf)
     return config, to_worker_layout(model.state_dict(), config)
 
