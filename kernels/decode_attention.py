@@ -5,14 +5,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_kv import check_paged_kv, dot_config, kv_tile_offsets
+from kernels.paged_kv import attend_kv_tiles, check_paged_kv, dot_config
 from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
-# NOTE: a split gets at least this many context tokens, so short contexts are not cut into tiles of pure overhead.
-MIN_TOKENS_PER_SPLIT = 256
-# NOTE: split until the grid has this many programs per SM (latency hiding for a memory-bound kernel).
-PROGRAMS_PER_SM = 4
+# NOTE: split until the grid has PROGRAMS_PER_SM programs per SM, with at least MIN_TOKENS_PER_SPLIT context tokens
+# (one GPU tile) per split. H200, bf16, 16 q / 8 kv heads, head_dim 128, CUDA-graph times in us for num_splits
+# 1/2/4/8/16/32 (kernels.bench): batch 1 ctx 1024: 21.8/14.3/9.4/6.9/5.9/6.5 (picks 16); batch 1 ctx 4096:
+# 79.6/46.3/24.9/15.0/10.1/9.5 (picks 33); batch 8 ctx 4096: 112/68/44/39/41/42 (picks 5); batch 32 ctx 1024:
+# 41.7/39.0/42.0/41.8/46.0/62.1 (picks 2); batch 64 ctx 1024: 65.9/72.3/75.7/... (picks 1); batch 64 and 256 at
+# ctx 4096 are best unsplit (0.242 and 0.948 ms, 1.04-1.07x the copy bandwidth as they only read).
+# 4 programs per SM would split batch 64 ctx 1024 in two, 10% slower.
+MIN_TOKENS_PER_SPLIT = 64
+PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -33,8 +38,8 @@ def _paged_decode_attention_kernel(
 
     The context [0, seq_len) is cut into NUM_SPLITS slices of equal length (rounded up to whole BLOCK_N tiles; the
     last slices may be short or empty). The group's GROUP query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded
-    once, and each K/V tile, gathered through the block table, is read once for the whole group. Softmax runs online
-    in base 2 (scale folded into log2(e)): running row max m, running sum l, unnormalised accumulator acc.
+    once, and each K/V tile, gathered through the block table, is read once for the whole group (attend_kv_tiles:
+    online softmax in base 2, unmasked over whole tiles, masked over the slice's last partial tile).
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
     log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
     """
@@ -57,31 +62,23 @@ def _paged_decode_attention_kernel(
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     q = q.to(DOT_DTYPE)
 
+    # -- whole tiles without masks, then the slice's ragged last tile with them
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    k_ptr = k_cache_ptr + kv_head * stride_kh
+    v_ptr = v_cache_ptr + kv_head * stride_vh
     bt_row = block_tables_ptr + seq * stride_bt
-    for tile_start in range(start, end, BLOCK_N):
-        # -- gather the K tile through the block table: [BLOCK_N, BLOCK_D]
-        pos = tile_start + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-
-        # -- scores in base 2: [BLOCK_G, BLOCK_N]
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-
-        # -- online softmax update (every tile holds a valid position, so m_new is finite)
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        rows = kv_tile_offsets(bt_row, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
-        v = tl.load(v_cache_ptr + rows[:, None] + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m = m_new
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    q_pos = tl.full([BLOCK_G], 0, tl.int32) + seq_len - 1  # the new token is the context's last position
+    acc, l, m = attend_kv_tiles(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, start, full_end, scale_log2,
+        stride_kb, stride_kt, stride_vb, stride_vt,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
+    acc, l, m = attend_kv_tiles(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, full_end, end, scale_log2,
+        stride_kb, stride_kt, stride_vb, stride_vt,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
 
     # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
     nonempty = l > 0
@@ -129,6 +126,10 @@ def _launch_config(device: torch.device) -> dict:
     # NOTE: on CPU (interpreter) small tiles so small test contexts still cross several tiles and splits.
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=1, num_stages=1)
+    # NOTE: H200, bf16, head_dim 128, sweep BLOCK_N {16,32,64,128} x warps {2,4,8} x stages {1,2,3} over batch/ctx
+    # 1/4096, 64/1024, 64/4096, 256/4096 (eager timing, before the unmasked fast path): 64/4/2 totals 1.343 ms
+    # (256/4096: 0.962 ms, the fastest), the best total (32/2/2) 1.339 ms; BLOCK_N 128 totals >= 1.391 ms and
+    # BLOCK_N 16 1.458 ms.
     return dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the paged KV cache: the jitted tile gather used by both attention kernels, and launcher checks.
+"""Shared by both attention kernels: the online-softmax loop over paged K/V tiles, and the launcher checks.
 
 Layout (per layer): key_cache and value_cache are [num_blocks, block_size, num_kv_heads, head_dim]; a token's slot
 id is block_id * block_size + offset; block_tables is int32 [num_seqs, max_blocks_per_seq], padded with 0.
@@ -11,10 +11,56 @@ ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+def _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
     """Element offsets (int64) of the cache rows holding context positions `pos` of one sequence."""
     block_ids = tl.load(block_table_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     return block_ids * stride_block + (pos % BLOCK_SIZE) * stride_slot
+
+
+@triton.jit
+def attend_kv_tiles(
+    acc, l, m, q, q_pos,
+    k_ptr, v_ptr, block_table_row_ptr, start, end, scale_log2,
+    stride_kb, stride_kt, stride_vb, stride_vt,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax attention of query rows q [R, BLOCK_D] to one sequence's context positions [start, end).
+
+    K/V tiles of BLOCK_N positions are gathered through the block table (k_ptr / v_ptr already point at the
+    kv head). Scores are in base 2 (scale_log2 = scale * log2(e)); (acc, l, m) is the running unnormalised output,
+    sum and row max, returned updated. MASKED=False is the fast path for whole tiles that every row sees in full;
+    MASKED=True masks positions >= end and, causally, positions > q_pos[row]. Callers guarantee that each row sees
+    at least one position in the first tile it processes, so m is finite afterwards and exp2(-inf - m) = 0.
+    """
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    for tile_start in range(start, end, BLOCK_N):
+        # -- gather the K tile through the block table: [BLOCK_N, BLOCK_D]
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        if MASKED:
+            kv_mask = valid[:, None] & d_mask[None, :]
+        else:
+            kv_mask = d_mask[None, :]  # whole tiles inside the context: only head_dim padding is masked
+        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
+        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+
+        # -- scores: [R, BLOCK_N]
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        if MASKED:
+            s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+
+        # -- online softmax update
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
+        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        m = m_new
+    return acc, l, m
 
 
 def dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:

@@ -89,7 +89,7 @@ def rotary_embedding_ref(
 
 
 def rope_inv_freq(head_dim: int, base: float, rope_scaling: dict | None = None) -> torch.Tensor:
-    """fp32 [head_dim / 2] inverse frequencies, as transformers' default and "llama3" rope init functions compute them."""
+    """fp32 [head_dim / 2] inverse frequencies, as transformers' "default" and "llama3" rope init functions do."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
     scaling = rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))

@@ -1,10 +1,12 @@
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from sluice.grpc_options import CHANNEL_OPTIONS
+from sluice.logprobs import Logprobs
+from sluice.logprobs_pb import logprobs_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")
@@ -12,7 +14,10 @@ log = logging.getLogger("sluice.router")
 
 @dataclass(slots=True)
 class Tokens:
-    token_ids: list[int]
+    index: int  # the sample
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 @dataclass(slots=True)
@@ -51,9 +56,10 @@ class SchedulerLink:
         self._outgoing.put_nowait(scheduler_pb2.RouterMessage(submit=submit))
         return events
 
-    def finish(self, request_id: str, reason: int) -> bool:
-        """Asks the scheduler to end a request (ABORT for a cancel, STOP for a matched stop string)."""
-        finish = scheduler_pb2.Finish(request_id=request_id, reason=reason)
+    def finish(self, request_id: str, reason: int, index: int | None = None) -> bool:
+        """Asks the scheduler to end a request (ABORT for a cancel), or one sample of it (STOP for a matched stop
+        string)."""
+        finish = scheduler_pb2.Finish(request_id=request_id, reason=reason, index=index)
         self._outgoing.put_nowait(scheduler_pb2.RouterMessage(finish=finish))
         return request_id in self._streams
 
@@ -76,12 +82,21 @@ class SchedulerLink:
             events.put_nowait(LinkLost(details))
 
     def _dispatch(self, step: scheduler_pb2.StepUpdate) -> None:
+        tokens: dict[tuple[str, int], Tokens] = {}
         offset = 0
-        for request_id, count in zip(step.request_ids, step.token_counts):
+        for request_id, index, count in zip(step.request_ids, step.sample_indices, step.token_counts):
+            tokens[request_id, index] = Tokens(index, list(step.token_ids[offset:offset + count]))
+            offset += count
+        for message in step.logprobs:
+            event = tokens.setdefault((message.request_id, message.index), Tokens(message.index))
+            if message.HasField("logprobs"):
+                event.logprobs = logprobs_from_pb(message.logprobs)
+            if message.HasField("prompt_logprobs"):
+                event.prompt_logprobs = logprobs_from_pb(message.prompt_logprobs)
+        for (request_id, _), event in tokens.items():
             events = self._streams.get(request_id)
             if events is not None:
-                events.put_nowait(Tokens(list(step.token_ids[offset:offset + count])))
-            offset += count
+                events.put_nowait(event)
         for message in (*step.finished, *step.rejections):
             events = self._streams.get(message.request_id)
             if events is not None:

@@ -2,29 +2,47 @@ import asyncio
 import logging
 from pathlib import Path
 
+import grpc
+
+from router.metrics import RouterMetrics
+from router.request_telemetry import RouterTelemetry
 from router.scheduler_link import SchedulerLink
 from router.servicer import GenerationServicer
-from router.tokenizer import RouterTokenizer
+from router.tokenizer import RouterTokenizer, TokenIdsOnly
+from sluice.operations import Operations
+from sluice.readiness import wait_until_serving
 from sluice.serving import Service
-from sluice.v1 import generation_pb2_grpc
+from sluice.v1 import generation_pb2, generation_pb2_grpc, scheduler_pb2
 
-SERVICE_NAME = "sluice.v1.Generation"
+SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+SCHEDULER_SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 log = logging.getLogger("sluice.router")
 
 
-async def serve(model_path: Path, scheduler_address: str, address: str, scheduler_timeout: float = 600.0,
-                shutdown_grace: float = 5.0) -> None:
-    service = Service([SERVICE_NAME])
-    tokenizer = await asyncio.to_thread(RouterTokenizer, model_path)
-    link = SchedulerLink(scheduler_address)
-    model_info = await link.model_info(timeout=scheduler_timeout)
-    link.start()
-    service.add(generation_pb2_grpc.add_GenerationServicer_to_server, GenerationServicer(link, tokenizer, model_info))
-    port = await service.start(address)
-    await service.set_ready(True)
-    log.info("router on port %d, serving %s", port, model_info.model)
-    try:
-        await service.wait()
-    finally:
-        await service.stop(shutdown_grace)
-        await link.close()
+async def serve(tokenizer_path: Path | None, scheduler_address: str, address: str, operations: Operations,
+                interceptors=(), credentials: grpc.ServerCredentials | None = None,
+                scheduler_timeout: float = 600.0) -> None:
+    """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
+    the scheduler is; on shutdown, new calls get UNAVAILABLE while the streams in flight finish."""
+    async with Service([SERVICE_NAME], "sluice-router", operations, interceptors, credentials) as service:
+        port = await service.start(address)
+        link = SchedulerLink(scheduler_address)
+        try:
+            await wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, scheduler_timeout)
+            model_info = await link.model_info(timeout=scheduler_timeout)
+            if tokenizer_path is None:
+                tokenizer = TokenIdsOnly(model_info.vocab_size)
+            else:
+                tokenizer = await asyncio.to_thread(RouterTokenizer, tokenizer_path)
+            link.start()
+            telemetry = RouterTelemetry(service.tracer, RouterMetrics(service.metrics_registry, model_info.model),
+                                        model_info.model)
+            service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
+                        GenerationServicer(link, tokenizer, model_info, telemetry))
+            await service.set_ready(True)
+            log.info("router on port %d, serving %s", port, model_info.model)
+            await service.wait_for_shutdown()
+            drained = await service.drain()
+            log.info("router drained" if drained else "router drain timed out; stopping")
+        finally:
+            await link.close()

@@ -3,6 +3,8 @@ import uuid
 
 import grpc
 
+from router.generation_output import GenerationOutput
+from router.request_telemetry import RouterTelemetry
 from router.scheduler_link import LinkLost, SchedulerLink, Tokens
 from router.tokenizer import RouterTokenizer
 from router.validation import validate_prompt, validate_sampling
@@ -14,53 +16,44 @@ from sluice.v1 import generation_pb2_grpc, scheduler_pb2
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, link: SchedulerLink, tokenizer: RouterTokenizer, model_info: pb.ModelInfo):
+    def __init__(self, link: SchedulerLink, tokenizer: RouterTokenizer, model_info: pb.ModelInfo,
+                 telemetry: RouterTelemetry):
         self.link = link
         self.tokenizer = tokenizer
         self.model_info = model_info
+        self.telemetry = telemetry
 
     async def Generate(self, request: pb.GenerateRequest, context):
         prompt_ids = self._prompt_token_ids(request)
         params = self._sampling_params(request.sampling, len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         remaining = context.time_remaining()
+        telemetry = self.telemetry.begin(request, request_id, len(prompt_ids), params)
         submit = scheduler_pb2.Submit(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_params_to_pb(params),
             priority=request.priority, cache_salt=request.cache_salt,
-            deadline_unix_seconds=time.time() + remaining if remaining is not None else 0)
-        started = time.perf_counter()
-        first_token_at = None
-        detokenizer = self.tokenizer.detokenizer()
+            deadline_unix_seconds=time.time() + remaining if remaining is not None else 0,
+            trace_context=telemetry.trace_context)
+        output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids)
         events = self.link.submit(submit)
-        done = False
         try:
-            while not done:
-                token_ids, ending = _coalesce(await events.get(), events)
-                if token_ids:
-                    first_token_at = first_token_at or time.perf_counter()
-                    chunk = pb.Chunk(text=detokenizer.push(token_ids),
-                                     token_ids=token_ids if request.return_token_ids else [])
-                    yield pb.GenerateResponse(request_id=request_id, chunk=chunk)
-                if ending is not None:
-                    done = True
-                    yield await self._complete(ending, request_id, started, first_token_at, context)
+            while not output.done:
+                batch = _drain(await events.get(), events)
+                num_tokens = sum(len(event.token_ids) for event in batch if isinstance(event, Tokens))
+                if num_tokens:
+                    telemetry.tokens(num_tokens)
+                for ending in (event for event in batch if not isinstance(event, Tokens)):
+                    telemetry.ended(ending)
+                    await _abort_on_failure(ending, context)
+                for response in output.responses(batch):
+                    yield response
+                for index in output.take_new_stops():
+                    self.link.finish(request_id, pb.FINISH_REASON_STOP, index)
         finally:
-            if not done:
+            if not output.done:
                 self.link.finish(request_id, pb.FINISH_REASON_ABORT)
             self.link.release(request_id)
-
-    @staticmethod
-    async def _complete(ending, request_id: str, started: float, first_token_at: float | None, context):
-        if isinstance(ending, LinkLost):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, ending.details)
-        if isinstance(ending, scheduler_pb2.Rejection):
-            await context.abort(_status_code(ending.status_code), ending.message)
-        if ending.deadline_exceeded:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
-        now = time.perf_counter()
-        timings = pb.Timings(time_to_first_token_seconds=(first_token_at or now) - started, total_seconds=now - started)
-        complete = pb.Complete(finish_reason=ending.reason, usage=ending.usage, timings=timings)
-        return pb.GenerateResponse(request_id=request_id, complete=complete)
+            telemetry.close()
 
     def _prompt_token_ids(self, request: pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("input")
@@ -95,17 +88,22 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return pb.TokenizeResponse(token_ids=self.tokenizer.encode_text(request.text))
 
 
-def _coalesce(event, events) -> tuple[list[int], object | None]:
-    """Merges every event already queued, so a slow client gets one chunk instead of a backlog of small ones."""
-    token_ids: list[int] = []
-    while True:
-        if isinstance(event, Tokens):
-            token_ids.extend(event.token_ids)
-        else:
-            return token_ids, event
-        if events.empty():
-            return token_ids, None
-        event = events.get_nowait()
+def _drain(event, events) -> list:
+    """The event and every one already queued, so a slow client gets one chunk per sample instead of a backlog of
+    small ones."""
+    batch = [event]
+    while not events.empty():
+        batch.append(events.get_nowait())
+    return batch
+
+
+async def _abort_on_failure(ending, context) -> None:
+    if isinstance(ending, LinkLost):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, ending.details)
+    if isinstance(ending, scheduler_pb2.Rejection):
+        await context.abort(_status_code(ending.status_code), ending.message)
+    if ending.deadline_exceeded:
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
 
 
 def _status_code(value: int) -> grpc.StatusCode:

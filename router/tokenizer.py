@@ -3,6 +3,8 @@ from pathlib import Path
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
+from sluice.errors import InvalidArgument
+
 
 class RouterTokenizer:
     """Text and chat messages to token ids (with the model's chat template), and streaming detokenization."""
@@ -24,6 +26,10 @@ class RouterTokenizer:
     def detokenizer(self) -> "IncrementalDetokenizer":
         return IncrementalDetokenizer(self._hf.backend_tokenizer)
 
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's text on its own (for logprobs)."""
+        return self._hf.batch_decode([[token_id] for token_id in token_ids])
+
 
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas that never split a UTF-8 character."""
@@ -34,3 +40,29 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: list[int]) -> str:
         return "".join(self._stream.step(self._backend, token_id) or "" for token_id in token_ids)
+
+
+class TokenIdsOnly:
+    """Stands in for a tokenizer where there is none (random-weight benchmarks): token ids in, token ids out."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode_text(self, text: str) -> list[int]:
+        raise InvalidArgument("text", "this deployment has no tokenizer: send token ids")
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        raise InvalidArgument("chat", "this deployment has no tokenizer: send token ids")
+
+    def detokenizer(self) -> "NoText":
+        return NoText()
+
+    @staticmethod
+    def token_texts(token_ids: list[int]) -> list[str]:
+        return [""] * len(token_ids)
+
+
+class NoText:
+    @staticmethod
+    def push(token_ids: list[int]) -> str:
+        return ""

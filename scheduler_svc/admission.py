@@ -14,6 +14,8 @@ def validate_request(request: Request, config: SchedulerConfig) -> None:
         raise InvalidArgument("max_tokens", f"must be >= 1, got {params.max_tokens}")
     if params.min_tokens < 0:
         raise InvalidArgument("min_tokens", f"must be >= 0, got {params.min_tokens}")
+    if params.n < 1:
+        raise InvalidArgument("n", f"must be >= 1, got {params.n}")
     num_prompt = request.num_prompt_tokens
     if num_prompt + params.max_tokens > config.max_model_len:
         raise InvalidArgument("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "

@@ -63,13 +63,13 @@ class BlockManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self._tables.get(request_id, ())]
 
-    def get_computed_blocks(self, request: Request) -> PrefixHit:
-        """The longest cached prefix of the request's tokens, in whole blocks, short of its last token (the step
-        must compute at least one token to have logits to sample from)."""
+    def get_computed_blocks(self, request: Request, num_tokens_to_compute: int = 1) -> PrefixHit:
+        """The longest cached prefix of the request's tokens, in whole blocks, short of its last
+        `num_tokens_to_compute` tokens (the step must compute at least one token to have logits to sample from)."""
         if not self.enable_prefix_caching:
             return NO_PREFIX_HIT
         hashes = self._hashes(request)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        max_hit_blocks = (request.num_tokens - num_tokens_to_compute) // self.block_size
         blocks = []
         for block_hash in hashes[:max_hit_blocks]:
             block = self.pool.lookup(block_hash)

@@ -2,10 +2,13 @@ import asyncio
 import logging
 import time
 
+from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import Outbox, RouterSessions
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.worker_client import WorkerClient
+from sluice.errors import Unavailable
 
 log = logging.getLogger("sluice.scheduler")
 _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines
@@ -14,32 +17,44 @@ _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines
 class EngineLoop:
     """The engine step, over and over: plan, execute on the worker, postprocess and fan out to the routers."""
 
-    def __init__(self, scheduler: Scheduler, worker: WorkerClient, sessions: RouterSessions):
+    def __init__(self, scheduler: Scheduler, worker: WorkerClient, sessions: RouterSessions,
+                 telemetry: SchedulerTelemetry):
         self.scheduler = scheduler
         self.worker = worker
         self.sessions = sessions
+        self.telemetry = telemetry
+        self.admitting = True  # False while draining: new requests are rejected with UNAVAILABLE
         self._wakeup = asyncio.Event()
 
-    def submit(self, request: Request, outbox: Outbox) -> None:
+    def submit(self, request: Request, outbox: Outbox, trace_context=None) -> None:
+        if not self.admitting:
+            raise Unavailable("the scheduler is draining")
         self.scheduler.add_request(request)
-        self.sessions.bind(request.request_id, outbox)
+        self.sessions.bind(request.request_id, outbox, request.sampling_params.n)
+        self.telemetry.submitted(request, trace_context or {})
         self._wakeup.set()
 
-    def finish(self, request_id: str, reason: FinishReason) -> None:
-        update = self.scheduler.finish_request(request_id, reason)
-        if update is not None:
-            self.sessions.publish([update])
+    def finish(self, request_id: str, reason: FinishReason, sample_index: int | None = None) -> None:
+        updates = self.scheduler.finish_samples(request_id, reason, sample_index)
+        if updates:
+            self._publish(updates)
             self._wakeup.set()
 
     async def run(self) -> None:
         while True:
-            self.sessions.publish(self.scheduler.expire_deadlines(time.monotonic()))
+            self._publish(self.scheduler.expire_deadlines(time.monotonic()))
             plan = self.scheduler.schedule()
+            self.telemetry.observe_load()
             if plan.is_empty:
                 await self._idle()
                 continue
+            self.telemetry.planned(plan)
             outcome = await self.worker.execute(plan)
-            self.sessions.publish(self.scheduler.update_from_outcome(plan, outcome))
+            self._publish(self.scheduler.update_from_outcome(plan, outcome))
+
+    def _publish(self, updates: list[RequestUpdate]) -> None:
+        self.telemetry.updated(updates)
+        self.sessions.publish(updates)
 
     async def _idle(self) -> None:
         self._wakeup.clear()

@@ -2,16 +2,20 @@
 from dataclasses import dataclass
 
 from scheduler_svc.request import FinishReason
+from sluice.logprobs import Logprobs
 
 
 @dataclass(slots=True)
 class RequestUpdate:
-    request_id: str
+    request_id: str  # the client's
     new_token_ids: list[int]  # tokens sampled since the last update (a delta)
     finish_reason: FinishReason | None  # None while the request runs on
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     num_output_tokens: int  # all tokens generated so far
+    sample_index: int = 0  # which of the request's n samples
+    logprobs: Logprobs | None = None  # of new_token_ids, where asked
+    prompt_logprobs: Logprobs | None = None  # of prompt tokens not sent before, where asked
 
     @property
     def finished(self) -> bool:

@@ -45,6 +45,8 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     cache_salt: str | None = None  # isolates this request's prefix-cache entries from other salts
     deadline: float | None = None
+    group_id: str | None = None  # the client's request id, for one of the samples of an n > 1 request
+    sample_index: int = 0
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
@@ -53,9 +55,14 @@ class Request:
     num_computed_tokens: int = field(default=0, init=False)  # tokens whose KV is in the cache
     num_cached_tokens: int = field(default=0, init=False)  # prompt tokens served from the prefix cache (usage)
     num_preemptions: int = field(default=0, init=False)
+    num_prompt_logprobs_sent: int = field(default=0, init=False)  # a recompute after preemption must not resend
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def client_request_id(self) -> str:
+        return self.group_id or self.request_id
 
     @property
     def num_tokens(self) -> int:

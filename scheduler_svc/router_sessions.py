@@ -14,6 +14,7 @@ class RouterSessions:
     def __init__(self):
         self._owner: dict[str, Outbox] = {}
         self._owned: dict[Outbox, set[str]] = {}
+        self._num_unfinished: dict[str, int] = {}  # samples of the request still running
 
     def open(self) -> Outbox:
         outbox: Outbox = asyncio.Queue()
@@ -24,11 +25,13 @@ class RouterSessions:
         request_ids = self._owned.pop(outbox, set())
         for request_id in request_ids:
             del self._owner[request_id]
+            del self._num_unfinished[request_id]
         return request_ids
 
-    def bind(self, request_id: str, outbox: Outbox) -> None:
+    def bind(self, request_id: str, outbox: Outbox, num_samples: int = 1) -> None:
         self._owner[request_id] = outbox
         self._owned[outbox].add(request_id)
+        self._num_unfinished[request_id] = num_samples
 
     def publish(self, updates: list[RequestUpdate]) -> None:
         by_outbox: dict[Outbox, list[RequestUpdate]] = defaultdict(list)
@@ -37,8 +40,10 @@ class RouterSessions:
             if outbox is not None:
                 by_outbox[outbox].append(update)
             if update.finished and outbox is not None:
-                del self._owner[update.request_id]
-                self._owned[outbox].discard(update.request_id)
+                self._num_unfinished[update.request_id] -= 1
+                if not self._num_unfinished[update.request_id]:
+                    del self._owner[update.request_id], self._num_unfinished[update.request_id]
+                    self._owned[outbox].discard(update.request_id)
         for outbox, group in by_outbox.items():
             outbox.put_nowait(pb.SchedulerMessage(step=step_update_to_pb(group)))
 

@@ -5,14 +5,16 @@ import itertools
 from dataclasses import dataclass, field
 
 from scheduler_svc.admission import check_queue_room, validate_request
-from scheduler_svc.block_manager import BlockManager
+from scheduler_svc.block_manager import NO_PREFIX_HIT, BlockManager
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
+from scheduler_svc.parallel_sampling import SampleGroups, split_samples
 from scheduler_svc.request import FinishReason, Request, RequestStatus
 from scheduler_svc.request_queue import WaitingQueue, policy_key
 from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from scheduler_svc.stop_check import check_stop
 from sluice.errors import InvalidArgument
+from sluice.logprobs import Logprobs
 
 RUNNING = RequestStatus.RUNNING
 
@@ -23,6 +25,7 @@ class _StepDraft:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
     running: dict[str, tuple[Request, list[int]]] = field(default_factory=dict)  # id -> (request, new block ids)
     new_requests: list[NewRequest] = field(default_factory=list)
+    forked: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # sample id -> its block copies
     preempted: bool = False
 
 
@@ -32,7 +35,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.num_preemptions = 0
-        self._requests: dict[str, Request] = {}  # every unfinished request
+        self._requests: dict[str, Request] = {}  # every unfinished request (each sample of an n > 1 request)
+        self._sample_groups = SampleGroups()
         self._waiting = WaitingQueue(config.policy)
         self._running: list[Request] = []  # sorted by policy key: the last one is preempted first
         self._running_key = policy_key(config.policy)
@@ -45,12 +49,21 @@ class Scheduler:
     # -- requests in and out
 
     def add_request(self, request: Request) -> None:
-        if request.request_id in self._requests:
-            raise InvalidArgument("request_id", f"{request.request_id!r} duplicates a live request")
+        """An n > 1 request enters as n samples: sample 0 waits, the others wait to fork its prompt."""
         validate_request(request, self.config)
         check_queue_room(request, self._waiting, self.config)
-        self._requests[request.request_id] = request
-        self._waiting.push(request)
+        samples = split_samples(request) if request.sampling_params.n > 1 else [request]
+        ids = {request.request_id, *(sample.request_id for sample in samples)}
+        if request.request_id in self._sample_groups or not ids.isdisjoint(self._requests):
+            raise InvalidArgument("request_id", f"{request.request_id!r} duplicates a live request")
+        for sample in samples:
+            self._requests[sample.request_id] = sample
+            self._track_deadline(sample)
+        self._waiting.push(samples[0])
+        if len(samples) > 1:
+            self._sample_groups.add(samples)
+
+    def _track_deadline(self, request: Request) -> None:
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, next(self._deadline_counter), request))
             if len(self._deadlines) > 2 * len(self._requests) + 64:  # drop the entries of finished requests
@@ -68,6 +81,19 @@ class Scheduler:
             return None
         self._finish(request, reason)
         return self._update(request, [])
+
+    def finish_samples(self, request_id: str, reason: FinishReason,
+                       sample_index: int | None = None) -> list[RequestUpdate]:
+        """finish_request by the client's request id: every sample of it, or the one of `sample_index`."""
+        samples = self._sample_groups.unfinished(request_id)
+        if not samples and request_id in self._requests:
+            samples = [self._requests[request_id]]
+        ending = [s for s in samples if sample_index is None or s.sample_index == sample_index]
+        updates = []
+        for sample in ending:
+            self._finish(sample, reason)
+            updates.append(self._update(sample, []))
+        return updates
 
     def expire_deadlines(self, now: float) -> list[RequestUpdate]:
         updates = []
@@ -95,16 +121,22 @@ class Scheduler:
         if self._in_flight_step_id is not None:
             raise RuntimeError(f"step {self._in_flight_step_id} has not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens)
+        self._fork_ready_samples(draft)
         self._schedule_running(draft)
         if not draft.preempted:
             self._schedule_waiting(draft)
+        forked = [request for request_id, (request, _) in draft.running.items() if request_id in draft.forked]
         plan = StepPlan(
             step_id=self._next_step_id,
-            new_requests=draft.new_requests,
+            new_requests=draft.new_requests + [self._new_request(request, request.num_computed_tokens,
+                                                                 self.block_manager.block_ids(request.request_id))
+                                               for request in forked],
             cached_requests=[CachedRequest(request_id, new_block_ids, request.num_computed_tokens)
-                             for request_id, (request, new_block_ids) in draft.running.items()],
+                             for request_id, (request, new_block_ids) in draft.running.items()
+                             if request_id not in draft.forked],
             num_scheduled_tokens=draft.num_scheduled_tokens,
             finished_request_ids=self._worker_dropped_ids,
+            block_copies=[copy for request in forked for copy in draft.forked[request.request_id]],
         )
         self._worker_dropped_ids = []
         self._next_step_id += 1
@@ -120,21 +152,39 @@ class Scheduler:
         self._in_flight_step_id = None
         updates = []
         sampled = outcome.sampled_token_ids
+        grammar_completed = set(outcome.grammar_completed_request_ids)
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests.get(request_id)
             if request is None or request.status is not RUNNING:
                 continue  # finished (aborted, expired) while the step ran
+            prompt_logprobs = self._unsent_prompt_logprobs(request, outcome.prompt_logprobs.get(request_id))
             request.num_computed_tokens += num_tokens
             self.block_manager.cache_full_blocks(request)
             token_id = sampled.get(request_id)
             if token_id is None or request.num_computed_tokens < request.num_tokens:
-                continue  # a prefill chunk short of the prompt's end samples nothing
+                if prompt_logprobs is not None:  # a prefill chunk short of the prompt's end samples nothing
+                    updates.append(self._update(request, [], prompt_logprobs=prompt_logprobs))
+                continue
             request.append_output_token(token_id)
-            reason = check_stop(request, self.eos_token_ids, self.config.max_model_len)
+            reason = FinishReason.STOP if request_id in grammar_completed \
+                else check_stop(request, self.eos_token_ids, self.config.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
-            updates.append(self._update(request, [token_id]))
+            updates.append(self._update(request, [token_id], outcome.logprobs.get(request_id), prompt_logprobs))
         return updates
+
+    @staticmethod
+    def _unsent_prompt_logprobs(request: Request, logprobs: Logprobs | None) -> Logprobs | None:
+        """The part of a chunk's prompt logprobs not sent before (a recompute after preemption repeats them). The
+        chunk from num_computed_tokens c holds the logprobs of prompt tokens c + 1, c + 2, ..."""
+        if logprobs is None:
+            return None
+        first = request.num_computed_tokens
+        num_sent = request.num_prompt_logprobs_sent
+        request.num_prompt_logprobs_sent = max(num_sent, first + len(logprobs))
+        if num_sent >= first + len(logprobs):
+            return None
+        return logprobs.slice(max(num_sent - first, 0))
 
     # -- load and liveness
 
@@ -173,7 +223,8 @@ class Scheduler:
             self._schedule_running_request(request, draft)
 
     def _schedule_running_request(self, request: Request, draft: _StepDraft) -> None:
-        num_new_tokens = min(request.num_tokens_to_compute, draft.token_budget)
+        num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
+                             draft.token_budget)
         if num_new_tokens <= 0 or request.status is not RUNNING:
             return
         while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens)) is None:
@@ -189,8 +240,10 @@ class Scheduler:
         blocks = self.block_manager
         while self._waiting and draft.token_budget > 0 and len(self._running) < self.config.max_num_seqs:
             request = self._waiting.peek()
-            prefix_hit = blocks.get_computed_blocks(request)
-            num_new_tokens = min(request.num_tokens - prefix_hit.num_tokens, draft.token_budget)
+            held_back = self._sample_groups.num_held_back(request)
+            prefix_hit = NO_PREFIX_HIT if request.sampling_params.prompt_logprobs is not None \
+                else blocks.get_computed_blocks(request, 1 + held_back)
+            num_new_tokens = min(request.num_tokens - prefix_hit.num_tokens - held_back, draft.token_budget)
             block_ids = blocks.allocate_slots(request, num_new_tokens, prefix_hit)
             if block_ids is None:
                 break
@@ -202,8 +255,32 @@ class Scheduler:
             bisect.insort(self._running, request, key=self._running_key)
             draft.token_budget -= num_new_tokens
             draft.num_scheduled_tokens[request.request_id] = num_new_tokens
-            draft.new_requests.append(NewRequest(request.request_id, list(request.all_token_ids), block_ids,
-                                                 prefix_hit.num_tokens, request.sampling_params))
+            draft.new_requests.append(self._new_request(request, prefix_hit.num_tokens, block_ids))
+
+    def _fork_ready_samples(self, draft: _StepDraft) -> None:
+        for parent, children in self._sample_groups.take_ready():
+            for child in children:
+                self._fork(parent, child, draft)
+
+    def _fork(self, parent: Request, child: Request, draft: _StepDraft) -> None:
+        """The child takes the parent's prompt KV short of the last token; without a free block for the copy or a
+        free seat it waits and prefills on its own (prefix cache permitting)."""
+        fork = None
+        if len(self._running) < self.config.max_num_seqs:
+            fork = self.block_manager.fork(parent.request_id, child.request_id, parent.num_prompt_tokens - 1)
+        if fork is None:
+            self._waiting.push(child)
+            return
+        child.num_computed_tokens = parent.num_prompt_tokens - 1
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = RUNNING
+        bisect.insort(self._running, child, key=self._running_key)
+        draft.forked[child.request_id] = fork.copies
+
+    @staticmethod
+    def _new_request(request: Request, num_computed_tokens: int, block_ids: list[int]) -> NewRequest:
+        return NewRequest(request.request_id, list(request.all_token_ids), block_ids, num_computed_tokens,
+                          request.sampling_params, request.num_output_tokens)
 
     def _preempt(self, request: Request, draft: _StepDraft) -> None:
         """Frees a running request's blocks and requeues it for recompute; undoes its place in this step."""
@@ -232,8 +309,12 @@ class Scheduler:
         self.block_manager.free(request)
         request.finish(reason)
         del self._requests[request.request_id]
+        for orphan in self._sample_groups.forget(request):
+            self._waiting.push(orphan)
 
     @staticmethod
-    def _update(request: Request, new_token_ids: list[int]) -> RequestUpdate:
-        return RequestUpdate(request.request_id, new_token_ids, request.finish_reason, request.num_prompt_tokens,
-                             request.num_cached_tokens, request.num_output_tokens)
+    def _update(request: Request, new_token_ids: list[int], logprobs: Logprobs | None = None,
+                prompt_logprobs: Logprobs | None = None) -> RequestUpdate:
+        return RequestUpdate(request.client_request_id, new_token_ids, request.finish_reason,
+                             request.num_prompt_tokens, request.num_cached_tokens, request.num_output_tokens,
+                             request.sample_index, logprobs, prompt_logprobs)

@@ -1,49 +1,71 @@
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine_loop import EngineLoop
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.worker_client import WorkerClient
+from sluice.operations import Operations
+from sluice.readiness import wait_until_serving
 from sluice.serving import Service
-from sluice.v1 import generation_pb2, scheduler_pb2_grpc
+from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 
-SERVICE_NAME = "sluice.v1.Scheduler"
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+WORKER_SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.scheduler")
 
 
-async def serve(worker_address: str, address: str, num_blocks: int = 0, worker_timeout: float = 600.0,
-                shutdown_grace: float = 5.0, **scheduler_options) -> None:
+async def serve(worker_address: str, address: str, operations: Operations, num_blocks: int = 0,
+                worker_timeout: float = 600.0, **scheduler_options) -> None:
     """num_blocks 0 asks the worker to size the KV cache from its memory budget; scheduler_options are the
-    remaining SchedulerConfig fields."""
-    service = Service([SERVICE_NAME])
-    worker = WorkerClient(worker_address)
-    info = await worker.get_info(timeout=worker_timeout)
-    block_size = scheduler_options.get("block_size", 16)
-    num_blocks = await worker.init_cache(block_size, num_blocks)
+    remaining SchedulerConfig fields. Not ready until the worker is connected; on shutdown, drains the requests
+    it holds."""
+    async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:
+        port = await service.start(address)
+        worker = WorkerClient(worker_address)
+        engine = None
+        try:
+            info, config = await _connect_worker(worker, worker_timeout, num_blocks, scheduler_options)
+            sessions = RouterSessions()
+            scheduler = Scheduler(config, set(info.eos_token_ids))
+            metrics = SchedulerMetrics(service.metrics_registry, info.model)
+            loop = EngineLoop(scheduler, worker, sessions,
+                              SchedulerTelemetry(scheduler, service.tracer, metrics, info.model))
+            model_info = generation_pb2.ModelInfo(model=info.model, architecture=info.architecture,
+                                                  max_model_len=config.max_model_len, vocab_size=info.vocab_size,
+                                                  dtype=info.dtype, num_kv_blocks=config.num_blocks,
+                                                  block_size=config.block_size)
+            service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
+                        SchedulerServicer(loop, sessions, model_info))
+            engine = asyncio.create_task(loop.run())
+            await service.set_ready(True)
+            log.info("scheduler on port %d: %d KV blocks of %d tokens", port, config.num_blocks, config.block_size)
+            await service.wait_for_shutdown(engine)
+            loop.admitting = False
+            drained = await service.drain(lambda: not scheduler.has_unfinished_requests())
+            log.info("scheduler drained" if drained else "scheduler drain timed out; stopping")
+        finally:
+            if engine is not None:
+                engine.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await engine
+            await worker.close()
+
+
+async def _connect_worker(worker: WorkerClient, timeout: float, num_blocks: int,
+                          scheduler_options: dict) -> tuple[worker_pb2.WorkerInfo, SchedulerConfig]:
+    await wait_until_serving(worker.channel, WORKER_SERVICE_NAME, timeout)
+    info = await worker.get_info(timeout=timeout)
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)
-    config = SchedulerConfig(num_blocks=num_blocks, max_model_len=max_model_len, **scheduler_options)
+    config = SchedulerConfig(num_blocks=max(num_blocks, 1), max_model_len=max_model_len, **scheduler_options)
+    num_blocks = await worker.init_cache(worker_pb2.InitCacheRequest(
+        block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))
     worker.open_stream()
-    sessions = RouterSessions()
-    loop = EngineLoop(Scheduler(config, set(info.eos_token_ids)), worker, sessions)
-    model_info = generation_pb2.ModelInfo(model=info.model, architecture=info.architecture,
-                                          max_model_len=config.max_model_len, vocab_size=info.vocab_size,
-                                          dtype=info.dtype, num_kv_blocks=num_blocks, block_size=config.block_size)
-    service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server, SchedulerServicer(loop, sessions, model_info))
-    port = await service.start(address)
-    engine = asyncio.create_task(loop.run())
-    await service.set_ready(True)
-    log.info("scheduler on port %d: %d KV blocks of %d tokens", port, num_blocks, config.block_size)
-    try:
-        await asyncio.wait([engine, asyncio.create_task(service.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if engine.done():
-            engine.result()
-    finally:
-        engine.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await engine
-        await service.stop(shutdown_grace)
-        await worker.close()
+    return info, dataclasses.replace(config, num_blocks=num_blocks)

@@ -31,11 +31,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if message.HasField("submit"):
                 self._submit(message.submit, outbox)
             else:
-                self.loop.finish(message.finish.request_id, finish_reason_from_pb(message.finish.reason))
+                finish = message.finish
+                self.loop.finish(finish.request_id, finish_reason_from_pb(finish.reason),
+                                 finish.index if finish.HasField("index") else None)
 
     def _submit(self, submit: scheduler_pb2.Submit, outbox: Outbox) -> None:
         try:
-            self.loop.submit(request_from_pb(submit), outbox)
+            self.loop.submit(request_from_pb(submit), outbox, submit.trace_context)
         except SluiceError as error:
             self.sessions.reject(outbox, submit.request_id, status_for(error).value[0], str(error))
 

@@ -5,6 +5,7 @@ as a diff (CachedRequest). A preempted request is dropped by the worker and late
 """
 from dataclasses import dataclass, field
 
+from sluice.logprobs import Logprobs
 from sluice.sampling_params import SamplingParams
 
 
@@ -13,8 +14,10 @@ class NewRequest:
     request_id: str
     token_ids: list[int]  # prompt, plus tokens generated before a preemption
     block_ids: list[int]  # the request's whole block table so far
-    num_computed_tokens: int  # tokens whose KV is already in the cache (prefix-cache hits)
+    num_computed_tokens: int  # tokens whose KV is already in the cache (prefix-cache hits, a fork's shared prompt)
     sampling_params: SamplingParams
+    num_output_tokens: int = 0  # the tail of token_ids that the request generated before a preemption
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C context of the scheduler's span, when traced
 
 
 @dataclass(slots=True)
@@ -31,6 +34,7 @@ class StepPlan:
     cached_requests: list[CachedRequest] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to compute, in batch order
     finished_request_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted since the last step
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) KV blocks to copy first
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -45,3 +49,6 @@ class StepPlan:
 class StepOutcome:
     step_id: int
     sampled_token_ids: dict[str, int]  # request id -> sampled token, only for requests that reached their last token
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, where asked
+    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the prompt tokens this step predicted
+    grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete

@@ -2,6 +2,7 @@
 from itertools import accumulate
 
 from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
+from sluice.logprobs_pb import logprobs_from_pb, logprobs_to_pb
 from sluice.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
 from sluice.v1 import worker_pb2 as pb
 
@@ -12,7 +13,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
         step_id=plan.step_id,
         new_requests=[
             pb.NewRequest(request_id=r.request_id, token_ids=r.token_ids, block_ids=r.block_ids,
-                          num_computed_tokens=r.num_computed_tokens, sampling=sampling_params_to_pb(r.sampling_params))
+                          num_computed_tokens=r.num_computed_tokens, sampling=sampling_params_to_pb(r.sampling_params),
+                          num_output_tokens=r.num_output_tokens, trace_context=r.trace_context)
             for r in plan.new_requests
         ],
         cached_requests=pb.CachedRequests(
@@ -24,6 +26,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
         scheduled_request_ids=list(plan.num_scheduled_tokens),
         num_scheduled_tokens=list(plan.num_scheduled_tokens.values()),
         finished_request_ids=plan.finished_request_ids,
+        block_copy_sources=[source for source, _ in plan.block_copies],
+        block_copy_destinations=[destination for _, destination in plan.block_copies],
     )
 
 
@@ -36,7 +40,7 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
         step_id=message.step_id,
         new_requests=[
             NewRequest(r.request_id, list(r.token_ids), list(r.block_ids), r.num_computed_tokens,
-                       sampling_params_from_pb(r.sampling))
+                       sampling_params_from_pb(r.sampling), r.num_output_tokens, dict(r.trace_context))
             for r in message.new_requests
         ],
         cached_requests=[
@@ -45,13 +49,24 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
         ],
         num_scheduled_tokens=dict(zip(message.scheduled_request_ids, message.num_scheduled_tokens)),
         finished_request_ids=list(message.finished_request_ids),
+        block_copies=list(zip(message.block_copy_sources, message.block_copy_destinations)),
     )
 
 
 def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
-    return pb.StepResult(step_id=outcome.step_id, request_ids=list(outcome.sampled_token_ids),
-                         sampled_token_ids=list(outcome.sampled_token_ids.values()))
+    return pb.StepResult(
+        step_id=outcome.step_id, request_ids=list(outcome.sampled_token_ids),
+        sampled_token_ids=list(outcome.sampled_token_ids.values()),
+        logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.logprobs.items()},
+        prompt_logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.prompt_logprobs.items()},
+        grammar_completed_request_ids=outcome.grammar_completed_request_ids,
+    )
 
 
 def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
-    return StepOutcome(message.step_id, dict(zip(message.request_ids, message.sampled_token_ids)))
+    return StepOutcome(
+        message.step_id, dict(zip(message.request_ids, message.sampled_token_ids)),
+        logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.logprobs.items()},
+        prompt_logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.prompt_logprobs.items()},
+        grammar_completed_request_ids=list(message.grammar_completed_request_ids),
+    )

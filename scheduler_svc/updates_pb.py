@@ -3,6 +3,7 @@ import time
 
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.request import FinishReason, Request
+from sluice.logprobs_pb import logprobs_to_pb
 from sluice.sampling_params_pb import sampling_params_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2
 
@@ -40,10 +41,21 @@ def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
     with_tokens = [u for u in updates if u.new_token_ids]
     return scheduler_pb2.StepUpdate(
         request_ids=[u.request_id for u in with_tokens],
+        sample_indices=[u.sample_index for u in with_tokens],
         token_counts=[len(u.new_token_ids) for u in with_tokens],
         token_ids=[token for u in with_tokens for token in u.new_token_ids],
         finished=[_finished_to_pb(u) for u in updates if u.finished],
+        logprobs=[_logprobs_to_pb(u) for u in updates if u.logprobs is not None or u.prompt_logprobs is not None],
     )
+
+
+def _logprobs_to_pb(update: RequestUpdate) -> scheduler_pb2.SampleLogprobs:
+    message = scheduler_pb2.SampleLogprobs(request_id=update.request_id, index=update.sample_index)
+    if update.logprobs is not None:
+        message.logprobs.CopyFrom(logprobs_to_pb(update.logprobs))
+    if update.prompt_logprobs is not None:
+        message.prompt_logprobs.CopyFrom(logprobs_to_pb(update.prompt_logprobs))
+    return message
 
 
 def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
@@ -54,6 +66,7 @@ def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
                                    completion_tokens=update.num_output_tokens,
                                    cached_tokens=update.num_cached_tokens),
         deadline_exceeded=update.finish_reason is FinishReason.DEADLINE,
+        index=update.sample_index,
     )
 
 

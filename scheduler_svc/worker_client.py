@@ -23,9 +23,8 @@ class WorkerClient:
     async def get_info(self, timeout: float) -> pb.WorkerInfo:
         return await self.stub.GetInfo(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True)
 
-    async def init_cache(self, block_size: int, num_blocks: int) -> int:
-        response = await self.stub.InitCache(pb.InitCacheRequest(block_size=block_size, num_blocks=num_blocks))
-        return response.num_blocks
+    async def init_cache(self, request: pb.InitCacheRequest) -> int:
+        return (await self.stub.InitCache(request)).num_blocks
 
     def open_stream(self) -> None:
         self._results = self.stub.Execute(self._outgoing())

@@ -1,6 +1,6 @@
 """The Python client shared by the CLI and the tests."""
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import grpc
 
@@ -12,17 +12,35 @@ FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "lengt
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    rank: int  # 1 = the most likely
+    top: list[tuple[int, str, float]]  # the most likely alternatives: (token id, text, logprob), best first
+
+
+@dataclass(slots=True)
 class Generation:
+    """One sample of a generation."""
+
     request_id: str = ""
+    index: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     time_to_first_token_seconds: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when sampling.logprobs is set
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.., when asked
 
     def to_json(self) -> dict:
-        return {"request_id": self.request_id, "text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason, "usage": self.usage}
+        out = {"request_id": self.request_id, "index": self.index, "text": self.text, "token_ids": self.token_ids,
+               "finish_reason": self.finish_reason, "usage": self.usage}
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name):
+                out[name] = [asdict(entry) for entry in getattr(self, name)]
+        return out
 
 
 class SluiceClient:
@@ -34,23 +52,27 @@ class SluiceClient:
         return self.stub.Generate(request, timeout=timeout)
 
     def generate(self, request: pb.GenerateRequest, timeout: float | None = None, on_text=None) -> Generation:
+        """A request for one sample; on_text gets each text delta as it streams."""
+        if request.sampling.n > 1:
+            raise ValueError("this request asks for several samples: use generate_samples")
+        by_index = None if on_text is None else lambda index, text: on_text(text)
+        return self.generate_samples(request, timeout, by_index)[0]
+
+    def generate_samples(self, request: pb.GenerateRequest, timeout: float | None = None,
+                         on_text=None) -> list[Generation]:
+        """Every sample of the request, by index; on_text gets (index, text delta) as they stream."""
         request.return_token_ids = True
-        result = Generation()
+        samples: dict[int, Generation] = {}
         for response in self.stream(request, timeout):
-            result.request_id = response.request_id
+            message = response.chunk if response.HasField("chunk") else response.complete
+            result = samples.setdefault(message.index, Generation(response.request_id, message.index))
             if response.HasField("chunk"):
-                result.text += response.chunk.text
-                result.token_ids.extend(response.chunk.token_ids)
+                _add_chunk(result, response.chunk)
                 if on_text is not None:
-                    on_text(response.chunk.text)
+                    on_text(message.index, response.chunk.text)
             else:
-                complete = response.complete
-                result.finish_reason = FINISH_REASONS.get(complete.finish_reason)
-                result.usage = {"prompt_tokens": complete.usage.prompt_tokens,
-                                "completion_tokens": complete.usage.completion_tokens,
-                                "cached_tokens": complete.usage.cached_tokens}
-                result.time_to_first_token_seconds = complete.timings.time_to_first_token_seconds
-        return result
+                _add_complete(result, response.complete)
+        return [samples[index] for index in sorted(samples)]
 
     def abort(self, request_id: str) -> bool:
         return self.stub.Abort(pb.AbortRequest(request_id=request_id)).found
@@ -68,10 +90,43 @@ class SluiceClient:
         self.close()
 
 
+def _add_chunk(result: Generation, chunk: pb.Chunk) -> None:
+    result.text += chunk.text
+    result.token_ids.extend(chunk.token_ids)
+    result.logprobs += token_logprobs(chunk.logprobs)
+    result.prompt_logprobs += token_logprobs(chunk.prompt_logprobs)
+
+
+def _add_complete(result: Generation, complete: pb.Complete) -> None:
+    result.finish_reason = FINISH_REASONS.get(complete.finish_reason)
+    result.usage = {"prompt_tokens": complete.usage.prompt_tokens,
+                    "completion_tokens": complete.usage.completion_tokens,
+                    "cached_tokens": complete.usage.cached_tokens}
+    result.time_to_first_token_seconds = complete.timings.time_to_first_token_seconds
+
+
+def token_logprobs(message: pb.Logprobs) -> list[TokenLogprob]:
+    """Unpacks the packed Logprobs message, one entry per token."""
+    k = message.num_top
+    return [
+        TokenLogprob(token_id, message.tokens[i], message.logprobs[i], message.ranks[i],
+                     list(zip(message.top_token_ids[i * k:(i + 1) * k], message.top_tokens[i * k:(i + 1) * k],
+                              message.top_logprobs[i * k:(i + 1) * k])))
+        for i, token_id in enumerate(message.token_ids)
+    ]
+
+
+def sampling_params(**values) -> pb.SamplingParams:
+    """pb.SamplingParams from keyword arguments; `choice` may be a plain list of strings."""
+    if "choice" in values:
+        values["choice"] = pb.Choice(values=values["choice"])
+    return pb.SamplingParams(**values)
+
+
 def text_request(text: str, **sampling) -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(**sampling))
+    return pb.GenerateRequest(text=text, sampling=sampling_params(**sampling))
 
 
 def chat_request(content: str, **sampling) -> pb.GenerateRequest:
     messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=content)])
-    return pb.GenerateRequest(chat=messages, sampling=pb.SamplingParams(**sampling))
+    return pb.GenerateRequest(chat=messages, sampling=sampling_params(**sampling))

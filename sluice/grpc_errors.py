@@ -2,6 +2,7 @@
 import grpc
 
 from sluice import errors
+from sluice.rpc_handlers import is_operations_method
 
 _STATUS = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -19,8 +20,8 @@ def status_for(error: errors.SluiceError) -> grpc.StatusCode:
 class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
-            return handler
+        if handler is None or handler.request_streaming or is_operations_method(handler_call_details.method):
+            return handler  # health's Watch writes through its context: it is no async generator
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(
                 _streaming(handler.unary_stream), handler.request_deserializer, handler.response_serializer)

@@ -55,14 +55,15 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
 
 
 def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: list[str],
-                   router_args: list[str]) -> list[subprocess.Popen]:
+                   router_args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """env: the services' environment (default: this process's)."""
     command = [sys.executable, "-m", "sluice.cli"]
     return [
-        subprocess.Popen([*command, "worker", "--listen", layout.worker_address, *worker_args]),
+        subprocess.Popen([*command, "worker", "--listen", layout.worker_address, *worker_args], env=env),
         subprocess.Popen([*command, "scheduler", "--listen", layout.scheduler_address,
-                          "--worker", layout.worker_address, *scheduler_args]),
+                          "--worker", layout.worker_address, *scheduler_args], env=env),
         subprocess.Popen([*command, "router", "--listen", layout.router_address,
-                          "--scheduler", layout.scheduler_address, *router_args]),
+                          "--scheduler", layout.scheduler_address, *router_args], env=env),
     ]
 
 

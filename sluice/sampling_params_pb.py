@@ -3,15 +3,27 @@ from dataclasses import replace
 from sluice.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
 
-_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens", "ignore_eos")
+_OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens", "ignore_eos", "n",
+                    "presence_penalty", "frequency_penalty", "repetition_penalty", "include_stop_str_in_output",
+                    "logprobs", "prompt_logprobs")
+_STRING_CONSTRAINTS = ("json_schema", "regex", "grammar")
 
 
 def sampling_params_from_pb(message: pb.SamplingParams, defaults: SamplingParams | None = None) -> SamplingParams:
     values = {name: getattr(message, name) for name in _OPTIONAL_FIELDS if message.HasField(name)}
-    return replace(defaults or SamplingParams(), **values, stop_token_ids=list(message.stop_token_ids))
+    constraint = message.WhichOneof("constraint")
+    if constraint == "choice":
+        values["choice"] = list(message.choice.values)
+    elif constraint is not None:
+        values[constraint] = getattr(message, constraint)
+    return replace(defaults or SamplingParams(), **values, stop_token_ids=list(message.stop_token_ids),
+                   logit_bias=dict(message.logit_bias), stop=list(message.stop))
 
 
 def sampling_params_to_pb(params: SamplingParams) -> pb.SamplingParams:
-    values = {name: getattr(params, name) for name in _OPTIONAL_FIELDS if getattr(params, name) is not None}
-    return pb.SamplingParams(**values, stop_token_ids=params.stop_token_ids)
-
+    values = {name: getattr(params, name) for name in (*_OPTIONAL_FIELDS, *_STRING_CONSTRAINTS)
+              if getattr(params, name) is not None}
+    if params.choice is not None:
+        values["choice"] = pb.Choice(values=params.choice)
+    return pb.SamplingParams(**values, stop_token_ids=params.stop_token_ids, logit_bias=params.logit_bias,
+                             stop=params.stop)

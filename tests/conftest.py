@@ -4,6 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on the CPU
+
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:

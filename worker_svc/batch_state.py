@@ -12,6 +12,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling_params: SamplingParams
+    num_prompt_tokens: int
 
 
 class BatchState:
@@ -23,7 +24,8 @@ class BatchState:
             self.requests.pop(request_id, None)
         for new in plan.new_requests:
             self.requests[new.request_id] = RequestState(
-                list(new.token_ids), list(new.block_ids), new.num_computed_tokens, new.sampling_params
+                list(new.token_ids), list(new.block_ids), new.num_computed_tokens, new.sampling_params,
+                len(new.token_ids) - new.num_output_tokens,
             )
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]

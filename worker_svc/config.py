@@ -13,6 +13,8 @@ class WorkerConfig:
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False  # no CUDA graphs
+    kernels: str = "auto"  # "auto" (Triton on a GPU, torch on the CPU), "triton" or "torch"
     seed: int = 0
 
     def __post_init__(self):
@@ -20,9 +22,15 @@ class WorkerConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.kernels not in ("auto", "triton", "torch"):
+            raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def uses_triton(self) -> bool:
+        return self.kernels == "triton" or (self.kernels == "auto" and self.device.startswith("cuda"))

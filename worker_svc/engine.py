@@ -1,47 +1,89 @@
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from kernels import build_cos_sin_cache
 from scheduler_svc.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
+from worker_svc.decode_graphs import DecodeGraphs
+from worker_svc.dummy_weights import dummy_checkpoint
 from worker_svc.kv_cache import allocate_kv_cache, bytes_per_block
+from worker_svc.memory_profile import profile_kv_cache_bytes
 from worker_svc.model_config import ModelConfig
 from worker_svc.model_runner import ModelRunner
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.registry import traits_for
-from worker_svc.rope import build_cos_sin_cache
+from worker_svc.sampling_rows import SamplingRows
+from worker_svc.step_sampler import StepSampler
+from worker_svc.structured_output import GrammarMatchers, load_llguidance_tokenizer
 from worker_svc.torch_ops import TorchOps
-from worker_svc.weights import load_checkpoint
+from worker_svc.triton_ops import TritonOps
+from worker_svc.weights import load_checkpoint, to_worker_layout
 
 
 class WorkerEngine:
     """The worker's core object: loads the model, sizes and owns the KV cache, executes steps."""
 
-    def __init__(self, config: WorkerConfig):
+    def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor]):
+        """state: weights in the worker's layout (see weights.to_worker_layout)."""
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
-        self.model_config, state = load_checkpoint(Path(config.model))
+        self.model_config = model_config
+        self.ops = TritonOps() if config.uses_triton else TorchOps()
         self.model = self._build_model(state)
         self.runner: ModelRunner | None = None
 
+    @classmethod
+    def load(cls, config: WorkerConfig) -> "WorkerEngine":
+        if config.load_format == "dummy":
+            hf_config, hf_state = dummy_checkpoint(config.model, config.torch_dtype, torch.device(config.device),
+                                                   config.seed)
+            model_config = ModelConfig.from_hf(hf_config)
+            return cls(config, model_config, to_worker_layout(hf_state, model_config))
+        return cls(config, *load_checkpoint(Path(config.model)))
+
     def _build_model(self, state: dict[str, torch.Tensor]) -> DecoderLM:
         with torch.device("meta"):
-            model = DecoderLM(self.model_config, traits_for(self.model_config.architecture), TorchOps())
+            model = DecoderLM(self.model_config, traits_for(self.model_config.architecture), self.ops)
         model.load_state_dict(state, strict=True, assign=True)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         return model.to(device=self.device, dtype=self.config.torch_dtype).eval()
 
-    def init_cache(self, block_size: int, num_blocks: int = 0) -> int:
+    def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
+                   max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
+        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the decode graphs."""
+        max_model_len = min(max_model_len, self.model_config.max_position_embeddings)
+        cos_sin_cache = build_cos_sin_cache(self.model_config.head_dim, max_model_len, self.model_config.rope_theta,
+                                            self.model_config.rope_scaling, torch.float32).to(self.device)
         if num_blocks <= 0:
-            num_blocks = self.config.kv_cache_bytes // bytes_per_block(self.model_config, block_size,
-                                                                       self.config.torch_dtype)
+            num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs) \
+                // bytes_per_block(self.model_config, block_size, self.config.torch_dtype)
         kv_caches = allocate_kv_cache(self.model_config, num_blocks, block_size, self.config.torch_dtype, self.device)
-        cos_sin_cache = build_cos_sin_cache(self.model_config.head_dim, self.model_config.max_position_embeddings,
-                                            self.model_config.rope_theta, self.model_config.rope_scaling).to(self.device)
-        self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device)
+        graphs = None
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
+                                  self.device)
+        self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device, graphs,
+                                  self._sampler())
         return num_blocks
+
+    def _sampler(self) -> StepSampler:
+        config = self.model_config
+        load_tokenizer = None
+        if self.config.load_format != "dummy":
+            load_tokenizer = partial(load_llguidance_tokenizer, Path(self.config.model), config.vocab_size,
+                                     config.eos_token_ids)
+        return StepSampler(SamplingRows(config.vocab_size, config.eos_token_ids, self.device),
+                           GrammarMatchers(load_tokenizer, config.vocab_size, self.device), self.config.seed)
+
+    def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+        if self.device.type != "cuda":
+            return self.config.kv_cache_bytes
+        return profile_kv_cache_bytes(self.model, self.model_config, cos_sin_cache, block_size, self.config.torch_dtype,
+                                      max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization)
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         if self.runner is None:

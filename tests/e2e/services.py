@@ -1,4 +1,8 @@
-"""Starts the three real services as subprocesses on loopback, as `sluice serve` does."""
+"""Starts the three real services as subprocesses on loopback, as `sluice serve` does, with tracing to a collector in
+the test process and a Prometheus endpoint on each."""
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -7,12 +11,17 @@ import grpc
 from sluice.client import SluiceClient
 from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tests.e2e.trace_collector import TraceCollector
 
 
 class RunningServices:
-    def __init__(self, layout: ServeLayout, processes):
+    def __init__(self, layout: ServeLayout, processes, metrics_ports: dict[str, int], collector: TraceCollector,
+                 env: dict[str, str]):
         self.layout = layout
         self.processes = processes
+        self.metrics_ports = metrics_ports  # "router", "scheduler", "worker" -> port
+        self.collector = collector
+        self.env = env
         self.client = SluiceClient(layout.router_address)
         self._scheduler_channel = grpc.insecure_channel(layout.scheduler_address)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._scheduler_channel)
@@ -20,22 +29,52 @@ class RunningServices:
     def load(self) -> scheduler_pb2.Load:
         return self._scheduler.GetLoad(scheduler_pb2.GetLoadRequest())
 
+    def metrics_url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[service]}/metrics"
+
     def close(self) -> None:
         self.client.close()
         self._scheduler_channel.close()
 
 
+def traced_env(collector: TraceCollector) -> dict[str, str]:
+    """The services' environment: spans go to the collector, exported every 100 ms."""
+    return {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
 @contextmanager
 def running_services(model: Path, scheduler_args: list[str] = (), worker_args: list[str] = ()):
     layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
-    processes = start_services(layout, ["--model", str(model), *worker_args], list(scheduler_args),
-                               ["--model", str(model)])
+    metrics_ports = {name: free_port() for name in ("router", "scheduler", "worker")}
+    collector = TraceCollector()
+    env = traced_env(collector)
+
+    def flags(service: str, *args) -> list[str]:
+        return [*args, "--metrics-port", str(metrics_ports[service])]
+
+    processes = start_services(layout, flags("worker", "--model", str(model), *worker_args),
+                               flags("scheduler", *scheduler_args), flags("router", "--model", str(model)), env)
     services = None
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 300, processes)
-        services = RunningServices(layout, processes)
+        services = RunningServices(layout, processes, metrics_ports, collector, env)
         yield services
     finally:
         if services is not None:
             services.close()
         stop_services(processes)
+        collector.close()
+
+
+@contextmanager
+def extra_router(services: RunningServices, model: Path, *args: str):
+    """One more router process on the running scheduler (a router starts in about a second)."""
+    address = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "sluice.cli", "router", "--listen", address,
+               "--scheduler", services.layout.scheduler_address, "--model", str(model), *args]
+    process = subprocess.Popen(command, env=services.env)
+    try:
+        wait_until_serving(address, "sluice.v1.Generation", 60, [process])
+        yield process, address
+    finally:
+        stop_services([process])

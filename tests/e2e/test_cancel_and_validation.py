@@ -3,6 +3,7 @@ import time
 import grpc
 import pytest
 
+from router.validation import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from sluice.client import text_request
 from sluice.v1 import generation_pb2 as pb
 
@@ -57,10 +58,38 @@ def test_abort_rpc_ends_the_stream(services):
     (text_request("hi", top_p=0.0), "sampling.top_p"),
     (text_request("hi", top_k=-2), "sampling.top_k"),
     (text_request("hi", min_p=1.5), "sampling.min_p"),
+    (text_request("hi", min_p=-0.1), "sampling.min_p"),
+    (text_request("hi", top_p=1.5), "sampling.top_p"),
+    (text_request("hi", top_p=float("nan")), "sampling.top_p"),
+    (text_request("hi", top_k=0), "sampling.top_k"),
+    (text_request("hi", temperature=float("inf")), "sampling.temperature"),
+    (text_request("hi", max_tokens=4, min_tokens=5), "sampling.min_tokens"),
+    (text_request("hi", n=0), "sampling.n"),
+    (text_request("hi", n=MAX_N + 1), "sampling.n"),
+    (text_request("hi", logprobs=MAX_LOGPROBS + 1), "sampling.logprobs"),
+    (text_request("hi", prompt_logprobs=MAX_LOGPROBS + 1), "sampling.prompt_logprobs"),
+    (text_request("hi", presence_penalty=2.5), "sampling.presence_penalty"),
+    (text_request("hi", frequency_penalty=float("nan")), "sampling.frequency_penalty"),
+    (text_request("hi", repetition_penalty=0.0), "sampling.repetition_penalty"),
+    (text_request("hi", repetition_penalty=-1.0), "sampling.repetition_penalty"),
+    (text_request("hi", logit_bias={10**7: 1.0}), "sampling.logit_bias"),
+    (text_request("hi", logit_bias={5: 1000.0}), "sampling.logit_bias"),
+    (text_request("hi", stop_token_ids=[-1]), "sampling.stop_token_ids"),
+    (text_request("hi", stop_token_ids=list(range(65))), "sampling.stop_token_ids"),
+    (text_request("hi", stop=[""]), "sampling.stop"),
+    (text_request("hi", stop=["x"] * (MAX_STOP_STRINGS + 1)), "sampling.stop"),
+    (text_request("hi", stop=["x" * (MAX_STOP_STRING_CHARS + 1)]), "sampling.stop"),
+    (text_request("hi", json_schema="{not json"), "sampling.json_schema"),
+    (text_request("hi", json_schema='{"type": "no such type"}'), "sampling.json_schema"),
+    (text_request("hi", json_schema="[1, 2]"), "sampling.json_schema"),
+    (text_request("hi", json_schema='{"type": "object"}', min_tokens=2), "sampling.json_schema"),
+    (text_request("hi", regex="[a-"), "sampling.regex"),
+    (text_request("hi", choice=[]), "sampling.choice"),
+    (text_request("hi", grammar="start: undefined_rule"), "sampling.grammar"),
 ])
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(services, request_, field):
     with pytest.raises(grpc.RpcError) as error:
-        services.client.generate(request_)
+        services.client.generate_samples(request_)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith(f"{field}:")
     result = services.client.generate(text_request("The capital of France is", max_tokens=4, temperature=0.0))

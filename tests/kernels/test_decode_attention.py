@@ -34,12 +34,17 @@ def test_block_sizes(make_paged_kv, device, block_size):
     _run(make_paged_kv, device, [5, 70], 3, 1, 64, torch.bfloat16, num_splits=2, block_size=block_size)
 
 
+def test_head_dim_not_power_of_two(make_paged_kv, device):
+    _run(make_paged_kv, device, [50, 3], 4, 2, 96, torch.float32, num_splits=2)
+
+
 def test_strided_query_and_empty_context(make_paged_kv, device):
     key_cache, value_cache, block_tables, lens = make_paged_kv([40, 0], 1, 64, torch.float32)
     qkv = torch.randn(2, 4, 64, device=device)  # query is a strided view, like a slice of a fused qkv output
     query = qkv[:, :2]
     out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 0.125, num_splits=2)
-    torch.testing.assert_close(out, paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125))
+    ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125)
+    torch.testing.assert_close(out, ref)
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # a padded batch row with no context yields zeros
 
 

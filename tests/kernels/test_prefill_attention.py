@@ -40,6 +40,10 @@ def test_block_size_32(make_paged_kv, device):
     _run(make_paged_kv, device, [20, 9], [70, 9], 3, 1, 64, torch.bfloat16, block_size=32)
 
 
+def test_head_dim_not_power_of_two(make_paged_kv, device):
+    _run(make_paged_kv, device, [20, 9], [50, 9], 4, 2, 96, torch.float32)
+
+
 def test_rejects_bad_query_start_loc(make_paged_kv, device):
     key_cache, value_cache, block_tables, lens = make_paged_kv([5], 1, 64, torch.float32)
     query = torch.randn(5, 1, 64, device=device)

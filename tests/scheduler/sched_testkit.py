@@ -8,6 +8,7 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.request import Request
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.step_plan import StepOutcome, StepPlan
+from sluice.logprobs import Logprobs
 from sluice.sampling_params import SamplingParams
 
 EOS = 0
@@ -33,12 +34,16 @@ class _WorkerRequest:
     token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
+    num_prompt_tokens: int
+    prompt_logprobs: bool
 
 
 @dataclass
 class FakeWorker:
     """Plays the worker's side of the StepPlan contract. Its KV cache stores, per block slot, the token whose KV
-    was written there, so a prefix hit that hands out wrong blocks, or a write into a shared block, is caught."""
+    was written there, so a prefix hit that hands out wrong blocks, or a write into a shared block, is caught.
+    Requests that ask for prompt logprobs get one entry (the predicted prompt token, logprob 0) per prompt position
+    a step computes."""
 
     block_size: int
     rng: random.Random = field(default_factory=lambda: random.Random(0))
@@ -51,6 +56,8 @@ class FakeWorker:
     def execute(self, plan: StepPlan) -> StepOutcome:
         for request_id in plan.finished_request_ids:
             self.requests.pop(request_id, None)
+        for source, destination in plan.block_copies:
+            self.kv[destination] = list(self.kv.get(source, [None] * self.block_size))
         new_ids = [new.request_id for new in plan.new_requests]
         cached_ids = [cached.request_id for cached in plan.cached_requests]
         assert not set(new_ids) & set(cached_ids), "a request is both new and cached"
@@ -59,17 +66,22 @@ class FakeWorker:
             assert new.request_id not in self.requests, f"{new.request_id} sent whole twice"
             for pos in range(new.num_computed_tokens):
                 assert self._kv_at(new.block_ids, pos) == new.token_ids[pos], "prefix hit returned wrong KV"
-            self.requests[new.request_id] = _WorkerRequest(list(new.token_ids), list(new.block_ids),
-                                                           new.num_computed_tokens)
+            self.requests[new.request_id] = _WorkerRequest(
+                list(new.token_ids), list(new.block_ids), new.num_computed_tokens,
+                len(new.token_ids) - new.num_output_tokens, new.sampling_params.prompt_logprobs is not None)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             assert cached.num_computed_tokens == state.num_computed_tokens
             state.block_ids += cached.new_block_ids
         holders = Counter(block for state in self.requests.values() for block in state.block_ids)
-        sampled = {}
+        sampled, prompt_logprobs = {}, {}
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             assert num_tokens > 0
             state = self.requests[request_id]
+            predicted = state.token_ids[state.num_computed_tokens + 1:
+                                        min(state.num_computed_tokens + num_tokens + 1, state.num_prompt_tokens)]
+            if state.prompt_logprobs and predicted:
+                prompt_logprobs[request_id] = Logprobs(0, predicted, [0.0] * len(predicted), [1] * len(predicted))
             for pos in range(state.num_computed_tokens, state.num_computed_tokens + num_tokens):
                 block = state.block_ids[pos // self.block_size]
                 assert holders[block] == 1, f"write into block {block} shared by {holders[block]} requests"
@@ -81,7 +93,7 @@ class FakeWorker:
                 state.token_ids.append(token)
                 sampled[request_id] = token
                 self.sampled_log.setdefault(request_id, []).append(token)
-        return StepOutcome(plan.step_id, sampled)
+        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs)
 
     def sample(self) -> int:
         if self.rng.random() < self.eos_probability:

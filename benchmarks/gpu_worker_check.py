@@ -1,0 +1,103 @@
+"""GPU checks of the worker on random weights of real model shapes (run on a CUDA machine).
+
+1. Greedy agreement with Hugging Face transformers on the same bf16 weights: first 32 tokens of 8 prompts.
+2. Time of one decode step at batch 1 and 256, with and without CUDA graphs.
+Prints a table and writes JSON to the path given as the first argument.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from scheduler_svc.request import Request
+from sluice.offline import OfflineEngine
+from sluice.sampling_params import SamplingParams
+from worker_svc.config import WorkerConfig
+from worker_svc.dummy_weights import dummy_checkpoint
+from worker_svc.engine import WorkerEngine
+from worker_svc.model_config import ModelConfig
+from worker_svc.weights import to_worker_layout
+
+NUM_PROMPTS, NEW_TOKENS = 8, 32
+
+
+def _engine(shape: str, hf_config: dict, state: dict, enforce_eager: bool = False) -> WorkerEngine:
+    config = ModelConfig.from_hf(hf_config)
+    worker_config = WorkerConfig(model=shape, load_format="dummy", dtype="bfloat16", device="cuda",
+                                 enforce_eager=enforce_eager, gpu_memory_utilization=0.8)
+    return WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
+
+
+def hf_agreement(shape: str) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config, state = dummy_checkpoint(shape, torch.bfloat16, torch.device("cuda"))
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, hf_config["vocab_size"], (int(n),), generator=generator).tolist()
+               for n in torch.randint(8, 200, (NUM_PROMPTS,), generator=generator)]
+    with torch.device("cuda"):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf_config), dtype=torch.bfloat16).eval()
+    hf.load_state_dict(state, strict=False)
+    if hf_config.get("tie_word_embeddings"):
+        hf.tie_weights()
+    with torch.inference_mode():
+        expected = [hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    del hf
+    engine = OfflineEngine(_engine(shape, hf_config, state), max_model_len=4096)
+    del state
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    got = [r.token_ids for r in engine.generate(prompts, [greedy] * NUM_PROMPTS)]
+    first_divergence = [next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), NEW_TOKENS)
+                        for e, g in zip(expected, got)]
+    agree = sum(a == b for e, g in zip(expected, got) for a, b in zip(e, g))
+    return {"shape": shape, "agreement": agree / (NUM_PROMPTS * NEW_TOKENS), "first_divergence": first_divergence}
+
+
+def decode_step_ms(shape: str, batch: int, enforce_eager: bool, context: int = 512, steps: int = 50) -> float:
+    hf_config, state = dummy_checkpoint(shape, torch.bfloat16, torch.device("cuda"))
+    engine = OfflineEngine(_engine(shape, hf_config, state, enforce_eager), max_model_len=4096, max_num_seqs=256)
+    prompts = [[(i * 7 + j) % 1000 for j in range(context)] for i in range(batch)]
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts, [params] * batch)  # warm-up
+    params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
+    scheduler, worker = engine.scheduler, engine.worker
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(Request(f"timed-{i}", prompt, params))
+    times = []
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outcome = worker.execute(plan)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if all(n == 1 for n in plan.num_scheduled_tokens.values()) and len(plan.num_scheduled_tokens) == batch:
+            times.append(elapsed)
+        scheduler.update_from_outcome(plan, outcome)
+    del engine, worker
+    torch.cuda.empty_cache()
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else "gpu_worker_check.json"
+    results = {"agreement": [], "decode_step_ms": []}
+    for shape in ("Qwen3-0.6B", "Llama-3.1-8B"):
+        results["agreement"].append(hf_agreement(shape))
+        torch.cuda.empty_cache()
+        print(results["agreement"][-1], flush=True)
+    for batch in (1, 256):
+        for eager in (True, False):
+            ms = decode_step_ms("Qwen3-0.6B", batch, eager)
+            results["decode_step_ms"].append({"shape": "Qwen3-0.6B", "batch": batch, "cuda_graphs": not eager,
+                                              "ms": ms})
+            print(results["decode_step_ms"][-1], flush=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

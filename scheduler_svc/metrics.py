@@ -1,0 +1,51 @@
+"""The scheduler's Prometheus series (vLLM names): queues, KV cache, prefix cache, tokens, preemptions, outcomes."""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler_svc.outputs import LoadSnapshot
+from sluice.metric_buckets import REQUEST_SECONDS
+
+FINISHED_REASONS = ("stop", "length", "abort")
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        labels = {"model_name": model_name}
+
+        def series(kind, name: str, documentation: str, **options):
+            return kind(name, documentation, list(labels), registry=registry, **options).labels(**labels)
+
+        self.num_requests_running = series(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = series(Gauge, "vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage = series(Gauge, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
+        self.gpu_cache_usage = series(Gauge, "vllm:gpu_cache_usage_perc",
+                                      "Fraction of KV blocks in use (the older name of kv_cache_usage_perc).")
+        self.prefix_cache_queries = series(Counter, "vllm:prefix_cache_queries",
+                                           "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = series(Counter, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prompt_tokens = series(Counter, "vllm:prompt_tokens", "Prefilled prompt tokens.")
+        self.generation_tokens = series(Counter, "vllm:generation_tokens", "Generated tokens.")
+        self.num_preemptions = series(Counter, "vllm:num_preemptions", "Preemptions (blocks freed for recompute).")
+        self.request_queue_time = series(Histogram, "vllm:request_queue_time_seconds",
+                                         "Time from arrival to first scheduling.", buckets=REQUEST_SECONDS)
+        self.request_prefill_time = series(Histogram, "vllm:request_prefill_time_seconds",
+                                           "Time from first scheduling to the first token.", buckets=REQUEST_SECONDS)
+        self.request_decode_time = series(Histogram, "vllm:request_decode_time_seconds",
+                                          "Time from the first token to the last.", buckets=REQUEST_SECONDS)
+        success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                          ["model_name", "finished_reason"], registry=registry)
+        self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
+                                for reason in FINISHED_REASONS}
+        self._counted_queries = self._counted_hits = self._counted_preemptions = 0
+
+    def observe_load(self, load: LoadSnapshot, num_prefix_query_tokens: int, num_prefix_hit_tokens: int) -> None:
+        usage = load.num_used_blocks / load.num_total_blocks if load.num_total_blocks else 0.0
+        self.num_requests_running.set(load.num_running)
+        self.num_requests_waiting.set(load.num_waiting)
+        self.kv_cache_usage.set(usage)
+        self.gpu_cache_usage.set(usage)
+        self.prefix_cache_queries.inc(num_prefix_query_tokens - self._counted_queries)
+        self.prefix_cache_hits.inc(num_prefix_hit_tokens - self._counted_hits)
+        self.num_preemptions.inc(load.num_preemptions - self._counted_preemptions)
+        self._counted_queries = num_prefix_query_tokens
+        self._counted_hits = num_prefix_hit_tokens
+        self._counted_preemptions = load.num_preemptions

@@ -1,0 +1,176 @@
+"""The `sluice bench` subcommands."""
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from sluice.bench.report import format_summary, summarize
+from sluice.bench.workload import BenchRequest, random_workload
+from sluice.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
+
+
+def add_bench_commands(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+
+    throughput = bench.add_parser("throughput", help="offline throughput: all requests at once")
+    _add_engine_options(throughput)
+    _add_workload_options(throughput, num_requests=256, input_len=(100, 1024), output_len=(100, 1024))
+    throughput.add_argument("--in-process", action="store_true", help="the same engine without gRPC")
+    throughput.add_argument("--baseline", choices=["hf"], help="also run Hugging Face transformers")
+    throughput.add_argument("--hf-batch-size", type=int, default=256)
+    throughput.set_defaults(run=_throughput)
+
+    latency = bench.add_parser("latency", help="batch-1 time per output token")
+    _add_engine_options(latency)
+    _add_workload_options(latency, num_requests=3, input_len=(128, 128), output_len=(128, 128))
+    latency.add_argument("--in-process", action="store_true")
+    latency.set_defaults(run=_latency)
+
+    serve = bench.add_parser("serve", help="Poisson arrivals or fixed concurrency against a running router")
+    serve.add_argument("--address", default="127.0.0.1:50051")
+    serve.add_argument("--vocab-size", type=int, default=49152)
+    serve.add_argument("--rate", type=float, help="requests per second (Poisson); default: all at once")
+    serve.add_argument("--concurrency", type=int)
+    _add_workload_options(serve, num_requests=200, input_len=(1024, 1024), output_len=(256, 256))
+    serve.set_defaults(run=_serve)
+
+
+def _add_engine_options(parser) -> None:
+    add_worker_options(parser)
+    add_scheduler_options(parser)
+
+
+def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
+    parser.add_argument("--num-requests", type=int, default=num_requests)
+    parser.add_argument("--input-len", type=int, nargs=2, default=input_len, metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=output_len, metavar=("MIN", "MAX"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+
+
+def _vocab_size(args) -> int:
+    if args.load_format == "dummy":
+        from worker_svc.models.shapes import shape_config
+
+        return shape_config(str(args.model))["vocab_size"]
+    return json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+
+
+def _resolve_model(args) -> None:
+    if args.model is None:
+        from sluice.cli import default_model
+
+        args.model = default_model()
+
+
+def _workload(args) -> list[BenchRequest]:
+    return random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), _vocab_size(args),
+                           args.seed)
+
+
+def _through_grpc(args, requests: list[BenchRequest]) -> dict:
+    from sluice.bench.grpc_load import run_load
+    from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+
+    layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
+    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
+    processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
+    try:
+        wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
+        asyncio.run(run_load(layout.router_address, requests[:4]))  # warm-up
+        traces, duration = asyncio.run(run_load(layout.router_address, requests))
+    finally:
+        stop_services(processes)
+    return {"name": "sluice (gRPC stack)", **summarize(traces, duration)}
+
+
+def _in_process(args, requests: list[BenchRequest]) -> dict:
+    from sluice.offline import OfflineEngine
+    from sluice.sampling_params import SamplingParams
+    from worker_svc.config import WorkerConfig
+    from worker_svc.engine import WorkerEngine
+
+    worker = WorkerEngine.load(WorkerConfig(
+        model=str(args.model), load_format=args.load_format, dtype=args.dtype, device=args.device,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager))
+    engine = OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                           enable_prefix_caching=not args.no_prefix_caching)
+    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
+    prompts = [r.prompt_token_ids for r in requests]
+    engine.generate(prompts[:4], params[:4])  # warm-up
+    started = time.perf_counter()
+    results = engine.generate(prompts, params)
+    duration = time.perf_counter() - started
+    output_tokens = sum(len(r.token_ids) for r in results)
+    prompt_tokens = sum(map(len, prompts))
+    return {"name": "sluice (in process)", "requests": len(requests), "duration_s": duration,
+            "requests_per_s": len(requests) / duration, "output_tokens_per_s": output_tokens / duration,
+            "total_tokens_per_s": (output_tokens + prompt_tokens) / duration}
+
+
+def _hf(args, requests: list[BenchRequest]) -> list[dict]:
+    from sluice.bench.hf_baseline import continuous_generate, load_hf_model, static_generate
+    from worker_svc.config import WorkerConfig
+
+    model = load_hf_model(str(args.model), args.load_format, WorkerConfig(model="", dtype=args.dtype).torch_dtype,
+                          args.device)
+    return [static_generate(model, requests, args.hf_batch_size), continuous_generate(model, requests)]
+
+
+def _throughput(args) -> None:
+    _resolve_model(args)
+    requests = _workload(args)
+    results = [_in_process(args, requests) if args.in_process else _through_grpc(args, requests)]
+    if args.baseline == "hf":
+        results += _hf(args, requests)
+    sluice_rate = results[0]["output_tokens_per_s"]
+    for result in results:
+        result["sluice_speedup"] = sluice_rate / result["output_tokens_per_s"]
+        print(f"{result['name']:34} {result['requests_per_s']:8.2f} req/s {result['output_tokens_per_s']:10.1f} "
+              f"output tok/s {result['total_tokens_per_s']:10.1f} total tok/s   sluice x{result['sluice_speedup']:.2f}")
+    _write(args.out, {"workload": _vars_of(args), "results": results})
+
+
+def _latency(args) -> None:
+    _resolve_model(args)
+    requests = _workload(args)
+    if args.in_process:
+        per_token = []
+        for request in requests:
+            result = _in_process(args, [request])
+            per_token.append(1000 / result["output_tokens_per_s"])
+        summary = {"name": "sluice (in process)", "ms_per_token": statistics.median(per_token)}
+    else:
+        result = _through_grpc(args, requests)
+        summary = {"name": "sluice (gRPC stack)", "ms_per_token": result["tpot_ms"]["p50"],
+                   "ttft_ms": result["ttft_ms"]["p50"]}
+    print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
+    _write(args.out, {"workload": _vars_of(args), "results": [summary]})
+
+
+def _serve(args) -> None:
+    from tqdm import tqdm
+
+    from sluice.bench.grpc_load import run_load
+
+    requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), args.vocab_size,
+                               args.seed)
+    with tqdm(total=len(requests), desc="requests") as progress:
+        traces, duration = asyncio.run(run_load(args.address, requests, args.rate, args.concurrency, args.seed,
+                                                progress))
+    summary = summarize(traces, duration)
+    print(format_summary(f"rate {args.rate or 'inf'} req/s, concurrency {args.concurrency or 'unbounded'}", summary))
+    _write(args.out, {"workload": _vars_of(args), "summary": summary,
+                      "requests": [{"ttft": t.ttft, "itls": t.itls} for t in traces]})
+
+
+def _vars_of(args) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "run"}
+
+
+def _write(path: Path | None, payload: dict) -> None:
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2))

@@ -1,0 +1,35 @@
+"""Command-line options of the worker and the scheduler, shared by `sluice serve`, the services and `sluice bench`."""
+from pathlib import Path
+
+
+def add_worker_options(parser) -> None:
+    parser.add_argument("--model", type=Path, help="a Hugging Face folder or a .gguf file (default: SmolLM2-135M)")
+    parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def add_scheduler_options(parser) -> None:
+    parser.add_argument("--num-blocks", type=int, default=0, help="KV blocks (default: sized by the worker)")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--policy", default="priority", choices=["priority", "fcfs"])
+
+
+def worker_flags(args) -> list[str]:
+    return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
+            "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager)]
+
+
+def scheduler_flags(args) -> list[str]:
+    flags = ["--num-blocks", str(args.num_blocks), "--block-size", str(args.block_size),
+             "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+             "--max-model-len", str(args.max_model_len), "--policy", args.policy]
+    return [*flags, "--no-prefix-caching"] if args.no_prefix_caching else flags

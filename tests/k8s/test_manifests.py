@@ -1,0 +1,120 @@
+"""Every manifest of k8s/ (the base and each overlay, rendered) is valid against the Kubernetes schemas and keeps
+the operational promises: native gRPC probes, drains that fit the grace period, headless Services, OTel wiring."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sluice.cli import build_parser
+from tests.k8s.kustomize_lite import render as render_in_python
+
+K8S = Path(__file__).parents[2] / "k8s"
+KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu"}
+READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def render(directory: Path) -> list[dict]:
+    command = _kustomize_command()
+    if command is None:
+        return render_in_python(directory)
+    output = subprocess.run([*command, str(directory)], check=True, capture_output=True, text=True).stdout
+    return [document for document in yaml.safe_load_all(output) if document]
+
+
+@pytest.fixture(scope="module", params=list(KUSTOMIZATIONS))
+def rendered(request) -> list[dict]:
+    return render(KUSTOMIZATIONS[request.param])
+
+
+def _containers(documents: list[dict]):
+    for document in documents:
+        template = document.get("spec", {}).get("template")
+        if document["kind"] in ("Deployment", "StatefulSet"):
+            for container in template["spec"]["containers"]:
+                yield template["spec"], container
+
+
+def _option(args: list[str], name: str) -> str:
+    parsed = build_parser().parse_args(args)
+    return getattr(parsed, name)
+
+
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(rendered):
+    version = kubernetes_validate.latest_version()
+    for document in rendered:
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_container_args_are_real_sluice_options(rendered):
+    for _, container in _containers(rendered):
+        build_parser().parse_args(container["args"])
+
+
+def test_drain_fits_in_the_grace_period(rendered):
+    for pod, container in _containers(rendered):
+        drain_timeout = _option(container["args"], "drain_timeout")
+        pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert pre_stop[0] == "sleep"
+        assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain_timeout, container["name"]
+
+
+def test_probes_are_native_grpc_with_a_startup_probe_for_loading(rendered):
+    for _, container in _containers(rendered):
+        service = READINESS[container["name"]]
+        port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        assert container["startupProbe"]["grpc"] == {"port": port, "service": service}
+        assert container["readinessProbe"]["grpc"] == {"port": port, "service": service}
+        assert container["livenessProbe"]["grpc"] == {"port": port}
+        assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 600
+
+
+def test_services_are_headless_and_every_container_exports_traces_and_metrics(rendered):
+    services = [d for d in rendered if d["kind"] == "Service"]
+    assert {s["metadata"]["name"] for s in services} == {"sluice-router", "sluice-scheduler", "sluice-worker"}
+    assert all(s["spec"]["clusterIP"] == "None" for s in services)
+    otel = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sluice-otel")
+    assert otel["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http")
+    for _, container in _containers(rendered):
+        assert {"configMapRef": {"name": "sluice-otel"}} in container["envFrom"]
+        metrics_port = _option(container["args"], "metrics_port")
+        assert {"name": "metrics", "containerPort": metrics_port} in container["ports"]
+
+
+def test_router_scales_with_an_hpa_and_keeps_a_disruption_budget(rendered):
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in rendered}
+    hpa = kinds[("HorizontalPodAutoscaler", "sluice-router")]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sluice-router"}
+    pdb = kinds[("PodDisruptionBudget", "sluice-router")]
+    assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "sluice-router"}
+
+
+def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
+    for name, directory in KUSTOMIZATIONS.items():
+        pod, worker = next((p, c) for p, c in _containers(render(directory)) if c["name"] == "worker")
+        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
+        gpus = worker["resources"].get("limits", {}).get("nvidia.com/gpu")
+        assert (gpus == 1) == (name == "gpu")
+        assert (_option(worker["args"], "device") == "cuda") == (name == "gpu")
+
+
+@pytest.mark.skipif(_kustomize_command() is None, reason="needs kustomize or kubectl")
+def test_the_python_renderer_matches_kustomize():
+    for directory in KUSTOMIZATIONS.values():
+        assert _by_name(render_in_python(directory)) == _by_name(render(directory)), directory
+
+
+def _by_name(documents: list[dict]) -> dict:
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents}

@@ -1,0 +1,22 @@
+"""The StepPlan / StepOutcome contract survives the wire (worker.proto) with every field set."""
+from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
+from scheduler_svc.step_plan_pb import outcome_from_pb, outcome_to_pb, plan_from_pb, plan_to_pb
+from sluice.logprobs import Logprobs
+from sluice.sampling_params import SamplingParams
+
+
+def test_plan_round_trip():
+    params = SamplingParams(max_tokens=9, temperature=0.5, top_p=0.75, top_k=7, seed=2**64 - 1, n=2,
+                            presence_penalty=0.5, logit_bias={3: -1.5}, stop=["END"], logprobs=2, prompt_logprobs=0,
+                            choice=["a", "b"])
+    plan = StepPlan(4, [NewRequest("x#1", [1, 2, 3], [5, 6], 2, params, num_output_tokens=1)],
+                    [CachedRequest("y", [8], 10)], {"x#1": 1, "y": 1}, ["z"], block_copies=[(6, 9), (2, 3)])
+    assert plan_from_pb(plan_to_pb(plan)) == plan
+
+
+def test_outcome_round_trip():
+    logprobs = Logprobs(2, [7], [-0.5], [1], [7, 8], [-0.5, -1.5])
+    prompt_logprobs = Logprobs(0, [1, 2], [-1.0, -2.0], [3, 4])
+    outcome = StepOutcome(4, {"x": 7, "y": 3}, logprobs={"x": logprobs}, prompt_logprobs={"y": prompt_logprobs},
+                          grammar_completed_request_ids=["y"])
+    assert outcome_from_pb(outcome_to_pb(outcome)) == outcome

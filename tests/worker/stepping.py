@@ -1,0 +1,28 @@
+from scheduler_svc.step_plan import CachedRequest, NewRequest, StepPlan
+from sluice.sampling_params import SamplingParams
+from worker_svc.engine import WorkerEngine
+
+BLOCK_SIZE = 16
+
+
+def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: int, chunk: int) -> list[list[int]]:
+    """Prefills every prompt in chunks of `chunk` tokens, all requests in one batch, then decodes together."""
+    engine.init_cache(BLOCK_SIZE, 64 * len(prompts))
+    requests = {f"r{i}": list(p) for i, p in enumerate(prompts)}
+    blocks = {rid: list(range(i * 64, (i + 1) * 64)) for i, rid in enumerate(requests)}
+    computed = dict.fromkeys(requests, 0)
+    outputs = {rid: [] for rid in requests}
+    step = 0
+    while any(len(out) < max_new_tokens for out in outputs.values()):
+        scheduled = {rid: min(chunk, len(tokens) - computed[rid]) for rid, tokens in requests.items()}
+        new = [NewRequest(rid, tokens, blocks[rid], 0, SamplingParams(temperature=0.0))
+               for rid, tokens in requests.items() if step == 0]
+        cached = [] if step == 0 else [CachedRequest(rid, [], computed[rid]) for rid in requests]
+        outcome = engine.execute(StepPlan(step, new, cached, scheduled))
+        for rid, n in scheduled.items():
+            computed[rid] += n
+        for rid, token in outcome.sampled_token_ids.items():
+            outputs[rid].append(token)
+            requests[rid].append(token)
+        step += 1
+    return [outputs[f"r{i}"][:max_new_tokens] for i in range(len(prompts))]

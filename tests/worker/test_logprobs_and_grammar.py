@@ -1,0 +1,52 @@
+"""Prompt logprobs through chunked prefill against Hugging Face, and the structured-output matchers on the real
+tokenizer."""
+import torch
+
+from scheduler_svc.step_plan import CachedRequest, NewRequest, StepPlan
+from sluice.sampling_params import SamplingParams
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+from worker_svc.structured_output import GrammarMatchers, load_llguidance_tokenizer
+
+BLOCK_SIZE = 16
+
+
+def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_model, hf_tokenizer):
+    prompt = hf_tokenizer("The quick brown fox jumps over the lazy dog while the cat sleeps.").input_ids
+    engine = WorkerEngine.load(WorkerConfig(model=str(default_model_dir)))
+    engine.init_cache(BLOCK_SIZE, 8)
+    params = SamplingParams(temperature=0.0, prompt_logprobs=2, logprobs=1)
+    received, computed, step = [], 0, 0
+    while computed < len(prompt):
+        num_tokens = min(5, len(prompt) - computed)
+        new = [NewRequest("r", prompt, list(range(8)), 0, params)] if step == 0 else []
+        cached = [] if step == 0 else [CachedRequest("r", [], computed)]
+        outcome = engine.execute(StepPlan(step, new, cached, {"r": num_tokens}))
+        received.append(outcome.prompt_logprobs["r"])
+        computed, step = computed + num_tokens, step + 1
+    with torch.inference_mode():
+        reference = hf_model(torch.tensor([prompt])).logits[0].log_softmax(-1)
+    token_ids = [t for chunk in received for t in chunk.token_ids]
+    logprobs = torch.tensor([v for chunk in received for v in chunk.logprobs])
+    top_ids = [t for chunk in received for t in chunk.top_token_ids]
+    assert token_ids == prompt[1:]
+    torch.testing.assert_close(logprobs, reference[torch.arange(len(prompt) - 1), prompt[1:]], atol=1e-4, rtol=0)
+    assert top_ids == reference[:-1].topk(2).indices.flatten().tolist()
+    assert outcome.logprobs["r"].token_ids == [reference[-1].argmax().item()]
+
+
+def test_grammar_mask_allows_only_the_choices_and_completes(default_model_dir, hf_tokenizer):
+    vocab = len(hf_tokenizer)
+    tokenizer = load_llguidance_tokenizer(default_model_dir, vocab, (hf_tokenizer.eos_token_id,))
+    matchers = GrammarMatchers(lambda: tokenizer, vocab, torch.device("cpu"))
+    matchers.add("free", SamplingParams(), [])
+    matchers.add("city", SamplingParams(choice=["Paris", "Rome"]), [])
+    allowed = matchers.allowed_tokens(["free", "city"])
+    assert allowed[0].all()
+    first_tokens = {hf_tokenizer.decode([t]) for t in allowed[1].nonzero().flatten().tolist()}
+    assert first_tokens and all("Paris".startswith(text) or "Rome".startswith(text) for text in first_tokens)
+    *head, last = hf_tokenizer("Rome", add_special_tokens=False).input_ids
+    for token_id in head:
+        assert matchers.advance(["free", "city"], [5, token_id]) == []
+    assert matchers.allowed_tokens(["city"])[0, last]
+    assert matchers.advance(["free", "city"], [5, last]) == ["city"]  # nothing can follow: complete at once

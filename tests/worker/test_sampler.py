@@ -1,0 +1,219 @@
+"""The worker's sampling transforms against Hugging Face's logits processors on the same logits, and the seeded draw,
+on the CPU and, where there is one, on a CUDA device."""
+import pytest
+import torch
+from transformers.generation.logits_process import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor,
+                                                    MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                    SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
+
+from sluice.sampling_params import SamplingParams
+from worker_svc.sampler import filter_top_k_top_p_min_p, process_logits, sample
+from worker_svc.sampling_rows import SamplingRows
+from worker_svc.seeded_random import seeded_uniform
+
+VOCAB = 512
+EOS = 2
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> torch.device:
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch.device(request.param)
+
+
+def _rows(requests: dict[str, tuple[SamplingParams, list[int], list[int]]], device: torch.device,
+          seed: int = 0) -> SamplingRows:
+    """requests: id -> (params, prompt ids, output ids); each request's seed is its params' seed or `seed`."""
+    rows = SamplingRows(VOCAB, (EOS,), device)
+    for request_id, (params, prompt, output) in requests.items():
+        rows.add(request_id, params, params.seed if params.seed is not None else seed, prompt, output)
+    return rows
+
+
+def _logits(num_rows: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    return (torch.randn(num_rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3).to(device)
+
+
+def _hf(processors: list, logits: torch.Tensor, input_ids: list[int] | None = None) -> torch.Tensor:
+    """Hugging Face's processors on the CPU; the result on the logits' device."""
+    ids = torch.tensor([input_ids or [0]])
+    return LogitsProcessorList(processors)(ids, logits.cpu().clone()).to(logits.device)
+
+
+WARPER_CASES = [
+    dict(top_k=1), dict(top_k=5), dict(top_k=100), dict(top_p=0.1), dict(top_p=0.5), dict(top_p=0.95),
+    dict(min_p=0.05), dict(min_p=0.3), dict(top_k=40, top_p=0.8), dict(top_k=40, top_p=0.9, min_p=0.1),
+]
+
+
+def _hf_warpers(top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0, temperature: float = 1.0) -> list:
+    warpers = [TemperatureLogitsWarper(temperature)]
+    if top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1:
+        warpers.append(TopPLogitsWarper(top_p))
+    if min_p > 0:
+        warpers.append(MinPLogitsWarper(min_p))
+    return warpers
+
+
+def test_top_k_top_p_min_p_match_hf_row_by_row(device):
+    logits = _logits(len(WARPER_CASES), device)
+    top_k = torch.tensor([case.get("top_k", VOCAB) for case in WARPER_CASES], device=device)
+    top_p = torch.tensor([case.get("top_p", 1.0) for case in WARPER_CASES], device=device)
+    min_p = torch.tensor([case.get("min_p", 0.0) for case in WARPER_CASES], device=device)
+    ours = filter_top_k_top_p_min_p(logits.clone(), top_k, top_p, min_p)
+    for row, case in enumerate(WARPER_CASES):
+        expected = _hf(_hf_warpers(**case), logits[row:row + 1])[0]
+        assert torch.equal(ours[row], expected), case
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 1.7])
+def test_temperature_then_filters_match_hf(temperature, device):
+    params = SamplingParams(temperature=temperature, top_k=50, top_p=0.9, min_p=0.02)
+    _, tensors = _rows({"a": (params, [1], [])}, device).gather(["a"])
+    logits = _logits(1, device)
+    scaled = logits / tensors.temperature.unsqueeze(1)
+    ours = filter_top_k_top_p_min_p(scaled, tensors.top_k, tensors.top_p, tensors.min_p)
+    expected = _hf(_hf_warpers(50, 0.9, 0.02, temperature), logits)
+    torch.testing.assert_close(ours, expected)
+
+
+@pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])
+def test_repetition_penalty_matches_hf(penalty, device):
+    prompt, output = [5, 6, 7, 7], [9, 5, 300]
+    _, tensors = _rows({"a": (SamplingParams(repetition_penalty=penalty), prompt, output)}, device).gather(["a"])
+    logits = _logits(1, device)
+    ours = process_logits(logits.clone(), tensors)
+    torch.testing.assert_close(ours, _hf([RepetitionPenaltyLogitsProcessor(penalty)], logits, prompt + output))
+
+
+def test_presence_and_frequency_penalties_match_the_openai_formula(device):
+    output = [9, 9, 9, 4, 300]
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    _, tensors = _rows({"a": (params, [4, 8], output)}, device).gather(["a"])
+    logits = _logits(1, device)
+    expected = logits.clone()
+    for token in set(output):
+        expected[0, token] -= 0.25 * output.count(token) + 0.5
+    torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
+
+
+def test_logit_bias_matches_hf_sequence_bias(device):
+    bias = {3: 5.0, 17: -2.5, 400: 0.75}
+    _, tensors = _rows({"a": (SamplingParams(logit_bias=bias), [1], [])}, device).gather(["a"])
+    logits = _logits(1, device)
+    expected = _hf([SequenceBiasLogitsProcessor([[[token], value] for token, value in bias.items()])], logits)
+    torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
+
+
+@pytest.mark.parametrize("num_output", [0, 3, 4, 6])
+def test_min_tokens_masks_eos_and_stop_ids_like_hf(num_output, device):
+    params = SamplingParams(min_tokens=4, stop_token_ids=[11, 12])
+    prompt, output = [1, 2, 3], list(range(20, 20 + num_output))
+    _, tensors = _rows({"a": (params, prompt, output)}, device).gather(["a"])
+    logits = _logits(1, device)
+    expected = _hf([MinNewTokensLengthLogitsProcessor(len(prompt), 4, [EOS, 11, 12])], logits, prompt + output)
+    torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
+
+
+def test_penalties_and_bias_apply_per_row_in_a_mixed_batch(device):
+    requests = {
+        "plain": (SamplingParams(), [5], [6]),
+        "penalised": (SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5), [5], [6, 6]),
+        "biased": (SamplingParams(logit_bias={7: 3.0}), [5], [6]),
+    }
+    _, tensors = _rows(requests, device).gather(list(requests))
+    logits = _logits(3, device)
+    out = process_logits(logits.clone(), tensors)
+    assert torch.equal(out[0], logits[0])
+    torch.testing.assert_close(out[1], _hf([RepetitionPenaltyLogitsProcessor(1.5)], logits[1:2], [5, 6, 6])[0]
+                               - 0.5 * 2 * (torch.arange(VOCAB, device=device) == 6))
+    assert out[2, 7] == logits[2, 7] + 3.0 and torch.equal(out[2, :7], logits[2, :7])
+
+
+def test_all_greedy_batch_is_the_argmax_of_the_untouched_logits(device):
+    requests = {f"r{i}": (SamplingParams(temperature=0.0), [1], []) for i in range(4)}
+    _, tensors = _rows(requests, device).gather(list(requests))
+    logits = _logits(4, device)
+    assert torch.equal(sample(logits.clone(), tensors), logits.argmax(dim=-1))
+
+
+def test_top_k_1_equals_greedy(device):
+    requests = {f"r{i}": (SamplingParams(temperature=1.0, top_k=1, seed=i), [1], []) for i in range(32)}
+    _, tensors = _rows(requests, device).gather(list(requests))
+    logits = _logits(32, device, seed=3)
+    assert torch.equal(sample(logits.clone(), tensors), logits.argmax(dim=-1))
+
+
+def test_samples_never_fall_outside_the_top_p_set(device):
+    logits = _logits(1, device, seed=5).expand(256, VOCAB).clone()
+    requests = {f"r{i}": (SamplingParams(temperature=1.0, top_p=0.3, seed=i), [1], []) for i in range(256)}
+    _, tensors = _rows(requests, device).gather(list(requests))
+    allowed = _hf([TopPLogitsWarper(0.3)], logits[:1])[0].isfinite()
+    sampled = sample(logits.clone(), tensors)
+    assert allowed[sampled].all()
+    assert len(sampled.unique()) > 1
+
+
+def test_seeded_draws_follow_the_distribution(device):
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05], device=device)
+    logits = torch.full((4000, VOCAB), float("-inf"), device=device)
+    logits[:, :4] = probs.log()
+    requests = {f"r{i}": (SamplingParams(temperature=1.0, seed=i), [1], []) for i in range(4000)}
+    _, tensors = _rows(requests, device).gather(list(requests))
+    counts = torch.bincount(sample(logits, tensors), minlength=VOCAB)
+    assert counts[4:].sum() == 0
+    torch.testing.assert_close(counts[:4] / 4000, probs, atol=0.025, rtol=0)
+
+
+def test_a_seeded_request_draws_the_same_whatever_else_is_in_the_batch(device):
+    target = (SamplingParams(temperature=0.9, top_p=0.95, seed=1234), [1, 2], [])
+    others = {f"o{i}": (SamplingParams(temperature=1.0 + i / 10, top_k=10 * (i + 1)), [3], []) for i in range(5)}
+    target_logits = _logits(1, device, seed=11)
+    outcomes = []
+    for mix in (["t"], ["o0", "t", "o1"], ["o4", "o3", "o2", "t"], ["t", "o0"]):
+        requests = {rid: target if rid == "t" else others[rid] for rid in mix}
+        rows = _rows(requests, device, seed=len(mix))
+        draws = []
+        for _ in range(20):  # consecutive output positions
+            index, tensors = rows.gather(mix)
+            logits = _logits(len(mix), device, seed=len(draws))
+            logits[mix.index("t")] = target_logits[0]
+            tokens = sample(logits, tensors)
+            rows.record(index, tokens)
+            draws.append(int(tokens[mix.index("t")]))
+        outcomes.append(draws)
+    assert all(draws == outcomes[0] for draws in outcomes)
+    assert len(set(outcomes[0])) > 1
+
+
+def test_different_seeds_draw_differently(device):
+    requests = {f"r{i}": (SamplingParams(temperature=1.0, seed=i), [1], []) for i in range(16)}
+    _, tensors = _rows(requests, device).gather(list(requests))
+    assert len(sample(_logits(1, device).expand(16, VOCAB).clone(), tensors).unique()) > 4
+
+
+def test_rows_are_reused_and_grow_past_their_capacity(device):
+    rows = _rows({}, device)
+    for i in range(40):
+        rows.add(f"r{i}", SamplingParams(temperature=0.5, logit_bias={i: 1.0}, repetition_penalty=1.1), 0, [i], [])
+    for i in range(0, 40, 2):
+        rows.remove(f"r{i}")
+    rows.add("late", SamplingParams(temperature=0.0, min_tokens=2), 0, [1], [])
+    ids = ["r39", "late", "r1"]
+    _, tensors = rows.gather(ids)
+    assert tensors.temperature.tolist() == [0.5, 0.0, 0.5]
+    assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
+    out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
+    assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
+
+
+def test_seeded_uniform_is_exact_integer_arithmetic_on_every_device(device):
+    seeds = torch.tensor([[0, 0], [2**32 - 1, 2**32 - 1], [12345, 678]])
+    positions = torch.tensor([0, 2**31, 7])
+    on_device = seeded_uniform(seeds.to(device), positions.to(device)).cpu()
+    assert torch.equal(on_device, seeded_uniform(seeds, positions))
+    assert ((on_device > 0) & (on_device < 1)).all()

@@ -1,0 +1,58 @@
+"""Hugging Face configs of named model shapes, for random-weight ("dummy") benchmarks and GPU checks."""
+
+_QWEN_ROPE = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "vocab_size": 151936}
+_LLAMA3_ROPE = {"rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "vocab_size": 128256, "max_position_embeddings": 131072,
+                "eos_token_id": [128001, 128008, 128009]}
+
+
+def _llama3_scaling(factor: float) -> dict:
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+
+
+SHAPES: dict[str, dict] = {
+    "SmolLM2-135M": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "vocab_size": 49152, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "tie_word_embeddings": True, "eos_token_id": 2,
+    },
+    "Qwen3-0.6B": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "eos_token_id": 151645, **_QWEN_ROPE,
+    },
+    "Qwen2.5-0.5B": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": 64,
+        "max_position_embeddings": 32768, "eos_token_id": 151645, **_QWEN_ROPE,
+    },
+    "Qwen2.5-1.5B": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+        "max_position_embeddings": 32768, "eos_token_id": 151645, **_QWEN_ROPE,
+    },
+    "Llama-3.2-1B": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "tie_word_embeddings": True, "rope_scaling": _llama3_scaling(32.0), **_LLAMA3_ROPE,
+    },
+    "Llama-3.1-8B": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "tie_word_embeddings": False, "rope_scaling": _llama3_scaling(8.0), **_LLAMA3_ROPE,
+    },
+    "Mistral-7B-v0.3": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 32768, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
+    },
+}
+
+
+def shape_config(name: str) -> dict:
+    try:
+        return dict(SHAPES[name])
+    except KeyError:
+        raise ValueError(f"unknown model shape {name!r}; known: {sorted(SHAPES)}") from None

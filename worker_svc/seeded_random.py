@@ -1,0 +1,31 @@
+"""Counter-based random numbers: a request's draw is a hash of (its seed, the output position), so it depends neither
+on the rest of the batch nor on any generator's state, and costs one hash per row, not per token.
+
+Integers stay below 2**32 in int64 tensors and every product below 2**63, so the arithmetic is exact on any device.
+The mixing function is Chris Wellons' "lowbias32" integer hash (a bijection on 32-bit integers).
+"""
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2**32, with x < 2**32, in two 16-bit halves of the constant."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    # seeds: [batch, 2] int64 (low, high 32 bits); positions: [batch] int64 -> [batch] float64, uniform in (0, 1)
+    key = hash32(hash32(hash32(seeds[:, 0]) ^ seeds[:, 1]) ^ (positions & _MASK32))
+    high, low = key, hash32(key ^ 0x5BD1E995)
+    return ((high << 20) + (low >> 12)).double().add_(0.5).mul_(2.0**-52)

@@ -1,0 +1,67 @@
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from scheduler_svc.step_plan import StepPlan
+from sluice.logprobs import Logprobs
+from worker_svc.sampler import sample
+from worker_svc.sampling_rows import SamplingRows
+from worker_svc.structured_output import GrammarMatchers
+from worker_svc.token_logprobs import token_logprobs
+
+
+@dataclass(slots=True)
+class SampleResult:
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    grammar_completed_request_ids: list[str] = field(default_factory=list)
+
+
+class StepSampler:
+    """The worker's sampling side: each live request's sampling row and grammar matcher, kept in step with the
+    plans; samples a step's batch in one pass and reports logprobs where asked."""
+
+    def __init__(self, rows: SamplingRows, grammars: GrammarMatchers, seed: int = 0):
+        self.rows = rows
+        self.grammars = grammars
+        self._unseeded = random.Random(seed)  # seeds for requests that bring none
+
+    def apply(self, plan: StepPlan) -> None:
+        for request_id in plan.finished_request_ids:
+            self.rows.remove(request_id)
+            self.grammars.remove(request_id)
+        for new in plan.new_requests:
+            params = new.sampling_params
+            num_prompt = len(new.token_ids) - new.num_output_tokens
+            prompt_ids, output_ids = new.token_ids[:num_prompt], new.token_ids[num_prompt:]
+            seed = params.seed if params.seed is not None else self._unseeded.getrandbits(64)
+            self.rows.add(new.request_id, params, seed, prompt_ids, output_ids)
+            self.grammars.add(new.request_id, params, output_ids)
+
+    def sample(self, logits: torch.Tensor, request_ids: list[str]) -> SampleResult:
+        # logits: [len(request_ids), vocab] raw, overwritten
+        index, tensors = self.rows.gather(request_ids)
+        groups, logprob_rows = [], []
+        for i, request_id in enumerate(request_ids):
+            num_top = self.rows.params(request_id).logprobs
+            if num_top is not None:
+                groups.append((request_id, 1, num_top))
+                logprob_rows.append(i)
+        raw = logits[logprob_rows] if groups else None
+        tensors.allowed = self.grammars.allowed_tokens(request_ids)
+        token_ids = sample(logits, tensors)
+        self.rows.record(index, token_ids)
+        token_list = token_ids.tolist()
+        result = SampleResult(dict(zip(request_ids, token_list)),
+                              grammar_completed_request_ids=self.grammars.advance(request_ids, token_list))
+        if groups:
+            result.logprobs = token_logprobs(raw, token_ids[logprob_rows], groups)
+        return result
+
+    @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int],
+                        groups: list[tuple[str, int, int]]) -> dict[str, Logprobs]:
+        if not groups:
+            return {}
+        return token_logprobs(logits, torch.tensor(targets, device=logits.device), groups)

@@ -1,0 +1,36 @@
+import torch
+
+import kernels
+from worker_svc.attention_metadata import AttentionMetadata
+
+
+class TritonOps:
+    """The GPU path: the same operator interface as TorchOps, on the Triton kernels."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return kernels.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        return kernels.fused_add_rms_norm(x, residual, weight, eps)
+
+    @staticmethod
+    def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
+        kernels.rotary_embedding(positions, q, k, cos_sin_cache)
+        return q, k
+
+    @staticmethod
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_and_mul(x)
+
+    @staticmethod
+    def write_kv(k, v, key_cache, value_cache, slot_mapping) -> None:
+        kernels.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
+
+    @staticmethod
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if meta.is_pure_decode:
+            return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale)
+        return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
+                                               meta.seq_lens, scale)
