@@ -41,16 +41,22 @@ class EngineLoop:
             self._wakeup.set()
 
     async def run(self) -> None:
+        # The previous step's updates are fanned out to the routers after the next step is on its way to the worker,
+        # so that work overlaps the worker's compute.
+        updates: list[RequestUpdate] = []
         while True:
             self._publish(self.scheduler.expire_deadlines(time.monotonic()))
             plan = self.scheduler.schedule()
             self.telemetry.observe_load()
             if plan.is_empty:
+                self._publish(updates)
+                updates = []
                 await self._idle()
                 continue
             self.telemetry.planned(plan)
-            outcome = await self.worker.execute(plan)
-            self._publish(self.scheduler.update_from_outcome(plan, outcome))
+            self.worker.send(plan)
+            self._publish(updates)
+            updates = self.scheduler.update_from_outcome(plan, await self.worker.receive())
 
     def _publish(self, updates: list[RequestUpdate]) -> None:
         self.telemetry.updated(updates)

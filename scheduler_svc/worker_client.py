@@ -33,8 +33,11 @@ class WorkerClient:
         while True:
             yield await self._steps.get()
 
-    async def execute(self, plan: StepPlan) -> StepOutcome:
+    def send(self, plan: StepPlan) -> None:
         self._steps.put_nowait(plan_to_pb(plan))
+
+    async def receive(self) -> StepOutcome:
+        """The result of the oldest step sent and not yet received."""
         try:
             result = await self._results.read()
         except grpc.aio.AioRpcError as error:

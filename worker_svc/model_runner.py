@@ -6,6 +6,7 @@ from worker_svc.batch_state import BatchState
 from worker_svc.decode_graphs import DecodeGraphs
 from worker_svc.kv_cache import copy_blocks
 from worker_svc.logits_rows import logits_rows
+from worker_svc.step_inputs import StepInputBuilder
 from worker_svc.step_sampler import StepSampler
 
 
@@ -18,9 +19,9 @@ class ModelRunner:
         self.decode_graphs = decode_graphs
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
-        self.block_size = block_size
         self.device = device
         self.batch = BatchState()
+        self.inputs = StepInputBuilder(block_size, device)
         self.sampler = sampler
 
     @torch.inference_mode()
@@ -34,9 +35,9 @@ class ModelRunner:
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         query_lens = [plan.num_scheduled_tokens[request_id] for request_id in request_ids]
-        input_ids, meta, positions = self._prepare_inputs(states, query_lens)
+        inputs = self.inputs.build(self.batch, states, query_lens)
         rows = logits_rows(request_ids, states, query_lens)
-        logits = self._forward(input_ids, positions, meta, rows.token_indices)
+        logits = self._forward(inputs.input_ids, inputs.positions, inputs.meta, rows.token_indices)
         num_samples = len(rows.sample_request_ids)
         result = self.sampler.sample(logits[:num_samples], rows.sample_request_ids)
         prompt_logprobs = self.sampler.prompt_logprobs(logits[num_samples:], rows.prompt_targets, rows.prompt_groups)
@@ -51,34 +52,3 @@ class ModelRunner:
             return logits if token_indices == list(range(meta.num_seqs)) else logits[token_indices]
         logits_indices = torch.tensor(token_indices, dtype=torch.int64, device=self.device)
         return self.model(input_ids, positions, self.cos_sin_cache, self.kv_caches, meta, logits_indices)
-
-    def _prepare_inputs(self, states, query_lens: list[int]):
-        starts = [s.num_computed_tokens for s in states]
-        input_ids = [t for s, start, n in zip(states, starts, query_lens) for t in s.token_ids[start:start + n]]
-        max_blocks = max(len(s.block_ids) for s in states)
-        tables = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in states]
-
-        device = self.device
-        query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
-        starts_t = torch.tensor(starts, dtype=torch.int64)
-        query_start_loc = torch.zeros(len(states) + 1, dtype=torch.int64)
-        torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        token_seq_index = torch.repeat_interleave(torch.arange(len(states)), query_lens_t)
-        token_query_pos = torch.arange(num_tokens) - query_start_loc[:-1][token_seq_index]
-        positions = starts_t[token_seq_index] + token_query_pos
-        block_tables = torch.tensor(tables, dtype=torch.int32)
-        block_of_token = block_tables[token_seq_index, positions // self.block_size].long()
-        slot_mapping = block_of_token * self.block_size + positions % self.block_size
-        seq_lens = starts_t + query_lens_t
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(device),
-            query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
-            seq_lens=seq_lens.to(device=device, dtype=torch.int32),
-            block_tables=block_tables.to(device),
-            token_seq_index=token_seq_index.to(device),
-            token_query_pos=token_query_pos.to(device),
-            max_query_len=max(query_lens),
-            max_seq_len=int(seq_lens.max()),
-        )
-        return torch.tensor(input_ids, dtype=torch.int64, device=device), meta, positions.to(device)
