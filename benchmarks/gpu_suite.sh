@@ -14,7 +14,8 @@ for stage in ${STAGES:-worker throughput kernels}; do
     throughput)
       for mode in --in-process ""; do
         timeout 150 python3 -m sluice.cli --log-level WARNING bench throughput --model Qwen3-0.6B --load-format dummy \
-          --dtype bfloat16 --device cuda $mode --out "$OUT/throughput${mode:+_inproc}.json" 2>&1 | tail -2
+          --dtype bfloat16 --device cuda $mode --out "$OUT/throughput${mode:+_inproc}.json" \
+          2> >(tail -30 > "$OUT/throughput${mode:+_inproc}.err") | tail -2
       done ;;
     kernels)
       timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"

@@ -38,14 +38,11 @@ class TorchOps:
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
         num_heads, head_dim = q.shape[1:]
-        block_size, num_kv_heads = key_cache.shape[1:3]
+        block_size = key_cache.shape[1]
         num_blocks = -(-meta.max_seq_len // block_size)
         tables = meta.block_tables[:, :num_blocks].long()
         k = key_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]  # [num_seqs, max_seq_len, num_kv_heads, head_dim]
         v = value_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]
-        group = num_heads // num_kv_heads
-        k = k.transpose(1, 2).repeat_interleave(group, dim=1)  # [num_seqs, num_heads, max_seq_len, head_dim]
-        v = v.transpose(1, 2).repeat_interleave(group, dim=1)
 
         padded_q = q.new_zeros(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
         padded_q[meta.token_seq_index, meta.token_query_pos] = q
@@ -53,7 +50,8 @@ class TorchOps:
         first_query_pos = (meta.seq_lens - query_lens).long()
         query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len)[None]  # [num_seqs, max_query_len]
         mask = torch.arange(meta.max_seq_len)[None, None] <= query_pos[:, :, None]
-        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask[:, None], scale=scale, enable_gqa=True)
         return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
 
 
