@@ -10,8 +10,8 @@ from pathlib import Path
 
 from sluice.bench.commands import add_bench_commands
 from sluice.generate_command import add_generate_command
-from sluice.operations_flags import (access_from, add_access_options, add_operations_options,
-                                     operations_from)
+from sluice.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
+                                     operations_flags, operations_from)
 from sluice.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(commands)
     _add_scheduler(commands)
     _add_router(commands)
-    add_generate_command(commands, os.environ.get("SLUICE_ADDRESS", _DEFAULT_ROUTER_ADDRESS))
+    add_generate_command(commands, os.environ.get("SLUICE_ADDRESS", _DEFAULT_ROUTER_ADDRESS),
+                         os.environ.get("SLUICE_AUTH_TOKEN"))
     add_bench_commands(commands)
     return parser
 
@@ -59,6 +60,8 @@ def _add_serve(commands) -> None:
     command.add_argument("--startup-timeout", type=float, default=600.0)
     add_worker_options(command)
     add_scheduler_options(command)
+    add_operations_options(command)
+    add_access_options(command)
     command.set_defaults(run=_serve)
 
 
@@ -68,7 +71,10 @@ def _serve(args) -> None:
     args.model = args.model or default_model()
     layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
-    processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
+    router_flags += access_flags(args)
+    worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
+    processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
+                               [*router_flags, *router])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", args.startup_timeout, processes)
@@ -96,7 +102,8 @@ def _worker(args) -> None:
 
     config = WorkerConfig(model=str(args.model or default_model()), load_format=args.load_format, dtype=args.dtype,
                           device=args.device, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                          kernels=args.kernels)
     _run_service(args, lambda operations: serve(config, args.listen, operations))
 
 

@@ -44,12 +44,18 @@ class Generation:
 
 
 class SluiceClient:
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(self, address: str, auth_token: str | None = None, root_certificates: bytes | None = None):
+        """root_certificates: PEM roots for a TLS router (None: plaintext); auth_token: sent as a bearer token."""
+        if root_certificates is None:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates)
+            self.channel = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {auth_token}")] if auth_token else []
 
     def stream(self, request: pb.GenerateRequest, timeout: float | None = None) -> Iterator[pb.GenerateResponse]:
-        return self.stub.Generate(request, timeout=timeout)
+        return self.stub.Generate(request, timeout=timeout, metadata=self.metadata)
 
     def generate(self, request: pb.GenerateRequest, timeout: float | None = None, on_text=None) -> Generation:
         """A request for one sample; on_text gets each text delta as it streams."""
@@ -75,10 +81,10 @@ class SluiceClient:
         return [samples[index] for index in sorted(samples)]
 
     def abort(self, request_id: str) -> bool:
-        return self.stub.Abort(pb.AbortRequest(request_id=request_id)).found
+        return self.stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self.metadata).found
 
     def model_info(self) -> pb.ModelInfo:
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest())
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=self.metadata)
 
     def close(self) -> None:
         self.channel.close()

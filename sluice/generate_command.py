@@ -5,10 +5,12 @@ import sys
 from pathlib import Path
 
 
-def add_generate_command(commands, default_address: str) -> None:
+def add_generate_command(commands, default_address: str, default_auth_token: str | None) -> None:
     command = commands.add_parser("generate", help="stream one generation from a running router")
     command.add_argument("prompt")
     command.add_argument("--address", default=default_address)
+    command.add_argument("--auth-token", default=default_auth_token, help="bearer token (default: $SLUICE_AUTH_TOKEN)")
+    command.add_argument("--tls-ca", type=Path, help="PEM root certificates of a TLS router")
     command.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     command.add_argument("--json", action="store_true", help="end with one JSON object per sample")
     command.add_argument("--max-tokens", type=int, default=256)
@@ -66,7 +68,8 @@ def _generate(args) -> None:
             sampling[name] = _text_or_file(getattr(args, name))
     request = (chat_request if args.chat else text_request)(args.prompt, **sampling)
     streaming = (args.n or 1) == 1
-    with SluiceClient(args.address) as client:
+    root_certificates = args.tls_ca.read_bytes() if args.tls_ca is not None else None
+    with SluiceClient(args.address, args.auth_token, root_certificates) as client:
         try:
             samples = client.generate_samples(
                 request, on_text=(lambda index, text: print(text, end="", flush=True)) if streaming else None)

@@ -14,6 +14,14 @@ def add_operations_options(parser) -> None:
     parser.add_argument("--metrics-host", default="0.0.0.0")
 
 
+def operations_flags(args, metrics_port_offset: int) -> list[str]:
+    """The operations options again as flags, for `sluice serve` to pass on; each service gets its own metrics port."""
+    flags = ["--drain-timeout", str(args.drain_timeout), "--metrics-host", args.metrics_host]
+    if args.metrics_port is not None:
+        flags += ["--metrics-port", str(args.metrics_port + metrics_port_offset)]
+    return flags
+
+
 def operations_from(args, tracing: bool) -> Operations:
     return Operations(drain_timeout=args.drain_timeout, metrics_port=args.metrics_port,
                       metrics_host=args.metrics_host, tracing=tracing)
@@ -23,6 +31,13 @@ def add_access_options(parser) -> None:
     parser.add_argument("--auth-token", help="require 'authorization: Bearer <token>' (default: $SLUICE_AUTH_TOKEN)")
     parser.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
+
+
+def access_flags(args) -> list[str]:
+    flags = ["--auth-token", args.auth_token] if args.auth_token else []
+    if args.tls_cert is not None:
+        flags += ["--tls-cert", str(args.tls_cert), "--tls-key", str(args.tls_key)]
+    return flags
 
 
 def access_from(args, auth_token: str | None) -> tuple[list[grpc.aio.ServerInterceptor], grpc.ServerCredentials | None]:

@@ -10,6 +10,8 @@ def add_worker_options(parser) -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--kernels", default="auto", choices=["auto", "triton", "torch"],
+                        help="auto: Triton kernels on a GPU, plain torch on the CPU")
 
 
 def add_scheduler_options(parser) -> None:
@@ -25,7 +27,8 @@ def add_scheduler_options(parser) -> None:
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
             "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager)]
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
+            "--kernels", args.kernels]
 
 
 def scheduler_flags(args) -> list[str]:

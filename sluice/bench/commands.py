@@ -94,7 +94,7 @@ def _in_process(args, requests: list[BenchRequest]) -> dict:
     worker = WorkerEngine.load(WorkerConfig(
         model=str(args.model), load_format=args.load_format, dtype=args.dtype, device=args.device,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager))
+        enforce_eager=args.enforce_eager, kernels=args.kernels))
     engine = OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                            enable_prefix_caching=not args.no_prefix_caching)

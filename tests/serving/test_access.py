@@ -71,3 +71,34 @@ def test_tls(tmp_path):
                 assert await _tokenize(channel) == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_sluice_client_sends_its_token_over_tls(tmp_path):
+    from sluice.client import SluiceClient, text_request
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+
+    def generate(port: int, token: str | None) -> str:
+        with SluiceClient(f"localhost:{port}", token, cert.read_bytes()) as client:
+            try:
+                return client.generate(text_request("hi")).text
+            except grpc.RpcError as error:
+                return error.code().name
+
+    async def scenario():
+        credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+        service = Service([NAME], "test", Operations(), [BearerTokenAuth("s3cret")], credentials)
+        port = await service.start("127.0.0.1:0")
+        generation = FakeGeneration()
+        generation.release.set()
+        service.add(generation_pb2_grpc.add_GenerationServicer_to_server, generation)
+        await service.set_ready(True)
+        async with service:
+            assert await asyncio.to_thread(generate, port, "s3cret") == "first"
+            assert await asyncio.to_thread(generate, port, None) == "UNAUTHENTICATED"
+
+    asyncio.run(scenario())
