@@ -1,15 +1,19 @@
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
+from sluice.errors import Unavailable
 from sluice.grpc_options import CHANNEL_OPTIONS
 from sluice.logprobs import Logprobs
 from sluice.logprobs_pb import logprobs_from_pb
+from sluice.readiness import wait_until_serving
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")
+_SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
 @dataclass(slots=True)
@@ -29,28 +33,36 @@ Event = Tokens | scheduler_pb2.Finished | scheduler_pb2.Rejection | LinkLost
 
 
 class SchedulerLink:
-    """The router's one bidirectional stream to a scheduler, multiplexing all of this router's requests."""
+    """The router's one bidirectional stream to a scheduler, multiplexing all of this router's requests.
 
-    def __init__(self, address: str):
+    When the stream breaks, the requests on it end with LinkLost (UNAVAILABLE to their clients), `on_connected`
+    hears False, and the link waits for the scheduler to be ready again, reconnects, and `on_connected` hears True.
+    """
+
+    def __init__(self, address: str, on_connected: Callable[[bool], Awaitable[None]] | None = None):
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        self.on_connected = on_connected
         self._outgoing: asyncio.Queue[scheduler_pb2.RouterMessage] = asyncio.Queue()
         self._streams: dict[str, asyncio.Queue[Event]] = {}
         self._reader: asyncio.Task | None = None
+        self._connected = False
 
     async def model_info(self, timeout: float) -> generation_pb2.ModelInfo:
         return await self.stub.GetModelInfo(generation_pb2.GetModelInfoRequest(), timeout=timeout,
                                             wait_for_ready=True)
 
     def start(self) -> None:
-        self._reader = asyncio.create_task(self._read(self.stub.Connect(self._send())))
+        self._reader = asyncio.create_task(self._keep_connected())
 
     @property
     def connected(self) -> bool:
-        return self._reader is not None and not self._reader.done()
+        return self._connected
 
     def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
+        if not self._connected:
+            raise Unavailable(f"no link to the scheduler at {self.address}")
         events: asyncio.Queue[Event] = asyncio.Queue()
         self._streams[submit.request_id] = events
         self._outgoing.put_nowait(scheduler_pb2.RouterMessage(submit=submit))
@@ -66,20 +78,36 @@ class SchedulerLink:
     def release(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
 
-    async def _send(self):
+    async def _keep_connected(self) -> None:
         while True:
-            yield await self._outgoing.get()
+            self._outgoing = asyncio.Queue()  # what was queued for a broken stream is dropped with it
+            await self._set_connected(True)
+            details = await self._read(self.stub.Connect(self._send(self._outgoing)))
+            await self._set_connected(False)
+            log.error("lost the scheduler link: %s", details)
+            for events in self._streams.values():
+                events.put_nowait(LinkLost(details))
+            self._streams.clear()
+            await wait_until_serving(self.channel, _SCHEDULER_SERVICE, timeout=float("inf"))
+            log.info("scheduler %s is ready again: reconnecting", self.address)
 
-    async def _read(self, call) -> None:
+    async def _set_connected(self, connected: bool) -> None:
+        self._connected = connected
+        if self.on_connected is not None:
+            await self.on_connected(connected)
+
+    @staticmethod
+    async def _send(outgoing: asyncio.Queue):
+        while True:
+            yield await outgoing.get()
+
+    async def _read(self, call) -> str:
         try:
             async for message in call:
                 self._dispatch(message.step)
-            details = "scheduler closed the stream"
+            return "scheduler closed the stream"
         except grpc.aio.AioRpcError as error:
-            details = f"scheduler {self.address}: {error.code().name} {error.details()}"
-        log.error("lost the scheduler link: %s", details)
-        for events in self._streams.values():
-            events.put_nowait(LinkLost(details))
+            return f"scheduler {self.address}: {error.code().name} {error.details()}"
 
     def _dispatch(self, step: scheduler_pb2.StepUpdate) -> None:
         tokens: dict[tuple[str, int], Tokens] = {}

@@ -34,12 +34,16 @@ async def serve(tokenizer_path: Path | None, scheduler_address: str, address: st
                 tokenizer = TokenIdsOnly(model_info.vocab_size)
             else:
                 tokenizer = await asyncio.to_thread(RouterTokenizer, tokenizer_path)
-            link.start()
             telemetry = RouterTelemetry(service.tracer, RouterMetrics(service.metrics_registry, model_info.model),
                                         model_info.model)
             service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
                         GenerationServicer(link, tokenizer, model_info, telemetry))
-            await service.set_ready(True)
+
+            async def follow_link(connected: bool) -> None:
+                await service.set_ready(connected and not operations.shutdown.is_set())
+
+            link.on_connected = follow_link
+            link.start()
             log.info("router on port %d, serving %s", port, model_info.model)
             await service.wait_for_shutdown()
             drained = await service.drain()
