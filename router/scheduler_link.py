@@ -60,6 +60,10 @@ class SchedulerLink:
     def connected(self) -> bool:
         return self._connected
 
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
     def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
         if not self._connected:
             raise Unavailable(f"no link to the scheduler at {self.address}")

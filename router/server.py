@@ -6,7 +6,7 @@ import grpc
 
 from router.metrics import RouterMetrics
 from router.request_telemetry import RouterTelemetry
-from router.scheduler_link import SchedulerLink
+from router.scheduler_pool import SchedulerPool
 from router.servicer import GenerationServicer
 from router.tokenizer import RouterTokenizer, TokenIdsOnly
 from sluice.operations import Operations
@@ -19,17 +19,19 @@ SCHEDULER_SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].
 log = logging.getLogger("sluice.router")
 
 
-async def serve(tokenizer_path: Path | None, scheduler_address: str, address: str, operations: Operations,
+async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], address: str, operations: Operations,
                 interceptors=(), credentials: grpc.ServerCredentials | None = None,
                 scheduler_timeout: float = 600.0) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
-    the scheduler is; on shutdown, new calls get UNAVAILABLE while the streams in flight finish."""
+    every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
+    in flight finish."""
     async with Service([SERVICE_NAME], "sluice-router", operations, interceptors, credentials) as service:
         port = await service.start(address)
-        link = SchedulerLink(scheduler_address)
+        pool = SchedulerPool(scheduler_addresses)
         try:
-            await wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, scheduler_timeout)
-            model_info = await link.model_info(timeout=scheduler_timeout)
+            await asyncio.gather(*(wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, scheduler_timeout)
+                                   for link in pool.links))
+            model_info = await pool.model_info(timeout=scheduler_timeout)
             if tokenizer_path is None:
                 tokenizer = TokenIdsOnly(model_info.vocab_size)
             else:
@@ -37,16 +39,16 @@ async def serve(tokenizer_path: Path | None, scheduler_address: str, address: st
             telemetry = RouterTelemetry(service.tracer, RouterMetrics(service.metrics_registry, model_info.model),
                                         model_info.model)
             service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
-                        GenerationServicer(link, tokenizer, model_info, telemetry))
+                        GenerationServicer(pool, tokenizer, model_info, telemetry))
 
-            async def follow_link(connected: bool) -> None:
-                await service.set_ready(connected and not operations.shutdown.is_set())
+            async def follow_schedulers(ready: bool) -> None:
+                await service.set_ready(ready and not operations.shutdown.is_set())
 
-            link.on_connected = follow_link
-            link.start()
+            pool.on_ready = follow_schedulers
+            pool.start()
             log.info("router on port %d, serving %s", port, model_info.model)
             await service.wait_for_shutdown()
             drained = await service.drain()
             log.info("router drained" if drained else "router drain timed out; stopping")
         finally:
-            await link.close()
+            await pool.close()

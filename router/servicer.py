@@ -5,7 +5,8 @@ import grpc
 
 from router.generation_output import GenerationOutput
 from router.request_telemetry import RouterTelemetry
-from router.scheduler_link import LinkLost, SchedulerLink, Tokens
+from router.scheduler_link import LinkLost, Tokens
+from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
 from router.validation import validate_prompt, validate_sampling
 from sluice.errors import InvalidArgument
@@ -16,9 +17,9 @@ from sluice.v1 import generation_pb2_grpc, scheduler_pb2
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, link: SchedulerLink, tokenizer: RouterTokenizer, model_info: pb.ModelInfo,
+    def __init__(self, schedulers: SchedulerPool, tokenizer: RouterTokenizer, model_info: pb.ModelInfo,
                  telemetry: RouterTelemetry):
-        self.link = link
+        self.schedulers = schedulers
         self.tokenizer = tokenizer
         self.model_info = model_info
         self.telemetry = telemetry
@@ -35,7 +36,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             deadline_unix_seconds=time.time() + remaining if remaining is not None else 0,
             trace_context=telemetry.trace_context)
         output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids)
-        events = self.link.submit(submit)
+        events = self.schedulers.submit(submit)
         try:
             while not output.done:
                 batch = _drain(await events.get(), events)
@@ -48,11 +49,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 for response in output.responses(batch):
                     yield response
                 for index in output.take_new_stops():
-                    self.link.finish(request_id, pb.FINISH_REASON_STOP, index)
+                    self.schedulers.finish(request_id, pb.FINISH_REASON_STOP, index)
         finally:
             if not output.done:
-                self.link.finish(request_id, pb.FINISH_REASON_ABORT)
-            self.link.release(request_id)
+                self.schedulers.finish(request_id, pb.FINISH_REASON_ABORT)
+            self.schedulers.release(request_id)
             telemetry.close()
 
     def _prompt_token_ids(self, request: pb.GenerateRequest) -> list[int]:
@@ -76,7 +77,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return params
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        return pb.AbortResponse(found=self.link.finish(request.request_id, pb.FINISH_REASON_ABORT))
+        return pb.AbortResponse(found=self.schedulers.finish(request.request_id, pb.FINISH_REASON_ABORT))
 
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         return self.model_info

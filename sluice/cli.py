@@ -128,7 +128,8 @@ def _scheduler(args) -> None:
 def _add_router(commands) -> None:
     command = commands.add_parser("router", help="run the public router")
     command.add_argument("--listen", default=_DEFAULT_ROUTER_ADDRESS)
-    command.add_argument("--scheduler", default="127.0.0.1:50052", help="the scheduler's address")
+    command.add_argument("--scheduler", default="127.0.0.1:50052",
+                         help="the scheduler's address; comma-separated to balance over several replicas")
     command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
     command.add_argument("--no-tokenizer", action="store_true", help="token ids in and out (random-weight models)")
     add_operations_options(command)
@@ -141,7 +142,8 @@ def _router(args) -> None:
 
     tokenizer = None if args.no_tokenizer else args.model or default_model()
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
-    _run_service(args, lambda operations: serve(tokenizer, args.scheduler, args.listen, operations, interceptors,
+    schedulers = args.scheduler.split(",")
+    _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen, operations, interceptors,
                                                 credentials))
 
 

@@ -67,11 +67,11 @@ def running_services(model: Path, scheduler_args: list[str] = (), worker_args: l
 
 
 @contextmanager
-def extra_router(services: RunningServices, model: Path, *args: str):
-    """One more router process on the running scheduler (a router starts in about a second)."""
+def extra_router(services: RunningServices, model: Path, *args: str, schedulers: str | None = None):
+    """One more router process on the running scheduler, or on `schedulers` (a router starts in about a second)."""
     address = f"127.0.0.1:{free_port()}"
     command = [sys.executable, "-m", "sluice.cli", "router", "--listen", address,
-               "--scheduler", services.layout.scheduler_address, "--model", str(model), *args]
+               "--scheduler", schedulers or services.layout.scheduler_address, "--model", str(model), *args]
     process = subprocess.Popen(command, env=services.env)
     try:
         wait_until_serving(address, "sluice.v1.Generation", 60, [process])

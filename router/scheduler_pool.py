@@ -1,0 +1,66 @@
+"""Balances one router's requests over several scheduler replicas (one replica per model copy)."""
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+
+from router.scheduler_link import Event, SchedulerLink
+from sluice.errors import Unavailable
+from sluice.v1 import generation_pb2, scheduler_pb2
+
+AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
+LOAD_SLACK = 4  # a replica this many requests above the least loaded one loses its prefix affinity
+
+
+class SchedulerPool:
+    """Picks a replica per request: among the connected replicas within LOAD_SLACK of the least loaded, the one that
+    rendezvous hashing assigns the prompt's prefix, so shared prefixes meet the same prefix cache. Ready while any
+    replica is connected."""
+
+    def __init__(self, addresses: list[str], on_ready: Callable[[bool], Awaitable[None]] | None = None):
+        self.links = [SchedulerLink(address, self._link_changed) for address in addresses]
+        self.on_ready = on_ready
+        self._owner: dict[str, SchedulerLink] = {}
+
+    @property
+    def ready(self) -> bool:
+        return any(link.connected for link in self.links)
+
+    async def model_info(self, timeout: float) -> generation_pb2.ModelInfo:
+        infos = await asyncio.gather(*(link.model_info(timeout) for link in self.links))
+        if len({(info.model, info.vocab_size) for info in infos}) > 1:
+            raise ValueError("the schedulers serve different models")
+        return min(infos, key=lambda info: info.max_model_len)
+
+    def start(self) -> None:
+        for link in self.links:
+            link.start()
+
+    def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
+        link = self.pick(list(submit.prompt_token_ids))
+        self._owner[submit.request_id] = link
+        return link.submit(submit)
+
+    def pick(self, prompt_token_ids: list[int]) -> SchedulerLink:
+        connected = [link for link in self.links if link.connected]
+        if not connected:
+            raise Unavailable("no scheduler is connected")
+        least = min(link.num_in_flight for link in connected)
+        eligible = [link for link in connected if link.num_in_flight <= least + LOAD_SLACK]
+        prefix = ",".join(map(str, prompt_token_ids[:AFFINITY_PREFIX_TOKENS])).encode()
+        return max(eligible, key=lambda link: hashlib.blake2b(prefix + link.address.encode(), digest_size=8).digest())
+
+    def finish(self, request_id: str, reason: int, index: int | None = None) -> bool:
+        link = self._owner.get(request_id)
+        return link is not None and link.finish(request_id, reason, index)
+
+    def release(self, request_id: str) -> None:
+        link = self._owner.pop(request_id, None)
+        if link is not None:
+            link.release(request_id)
+
+    async def _link_changed(self, connected: bool) -> None:
+        if self.on_ready is not None:
+            await self.on_ready(self.ready)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.links))
