@@ -119,7 +119,8 @@ class BlockManager:
         if not table:
             return
         start = self._num_registered_blocks[request.request_id]
-        end = min(request.num_computed_tokens // self.block_size, len(table))
+        num_known_computed = min(request.num_computed_tokens, request.num_tokens)  # not the tokens still in flight
+        end = min(num_known_computed // self.block_size, len(table))
         if end <= start:
             return
         hashes = self._hashes(request)

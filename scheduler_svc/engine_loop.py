@@ -1,12 +1,14 @@
 import asyncio
 import logging
 import time
+from collections import deque
 
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import FinishReason, Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import Outbox, RouterSessions
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
+from scheduler_svc.step_plan import StepPlan
 from scheduler_svc.worker_client import WorkerClient
 from sluice.errors import Unavailable
 
@@ -41,22 +43,25 @@ class EngineLoop:
             self._wakeup.set()
 
     async def run(self) -> None:
-        # The previous step's updates are fanned out to the routers after the next step is on its way to the worker,
-        # so that work overlaps the worker's compute.
-        updates: list[RequestUpdate] = []
+        # Async scheduling: step N + 1 is planned and sent while step N runs, so the worker finds its next step
+        # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs.
+        in_flight: deque[StepPlan] = deque()
         while True:
             self._publish(self.scheduler.expire_deadlines(time.monotonic()))
-            plan = self.scheduler.schedule()
-            self.telemetry.observe_load()
-            if plan.is_empty:
-                self._publish(updates)
-                updates = []
+            if len(in_flight) < MAX_STEPS_IN_FLIGHT:
+                plan = self.scheduler.schedule()
+                self.telemetry.observe_load()
+                if not plan.is_empty:
+                    self.telemetry.planned(plan)
+                    self.worker.send(plan)
+                    in_flight.append(plan)
+                    if len(in_flight) < MAX_STEPS_IN_FLIGHT:
+                        continue
+            if not in_flight:
                 await self._idle()
                 continue
-            self.telemetry.planned(plan)
-            self.worker.send(plan)
-            self._publish(updates)
-            updates = self.scheduler.update_from_outcome(plan, await self.worker.receive())
+            plan = in_flight.popleft()
+            self._publish(self.scheduler.update_from_outcome(plan, await self.worker.receive()))
 
     def _publish(self, updates: list[RequestUpdate]) -> None:
         self.telemetry.updated(updates)

@@ -55,6 +55,9 @@ class Request:
     num_computed_tokens: int = field(default=0, init=False)  # tokens whose KV is in the cache
     num_cached_tokens: int = field(default=0, init=False)  # prompt tokens served from the prefix cache (usage)
     num_preemptions: int = field(default=0, init=False)
+    preempted_at_step: int = field(default=-1, init=False)  # results of earlier steps belong to a dropped run
+    # tokens the worker samples in steps still in flight (async scheduling): it feeds them forward itself
+    num_output_placeholders: int = field(default=0, init=False)
     num_prompt_logprobs_sent: int = field(default=0, init=False)  # a recompute after preemption must not resend
 
     def __post_init__(self):
@@ -78,7 +81,7 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        return len(self.all_token_ids) - self.num_computed_tokens
+        return len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -2,6 +2,7 @@
 import bisect
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 
 from scheduler_svc.admission import check_queue_room, validate_request
@@ -17,6 +18,7 @@ from sluice.errors import InvalidArgument
 from sluice.logprobs import Logprobs
 
 RUNNING = RequestStatus.RUNNING
+MAX_STEPS_IN_FLIGHT = 2  # the step running on the worker and the one planned behind it
 
 
 @dataclass(slots=True)
@@ -44,7 +46,7 @@ class Scheduler:
         self._deadline_counter = itertools.count()
         self._worker_dropped_ids: list[str] = []  # finished or preempted since the last plan
         self._next_step_id = 0
-        self._in_flight_step_id: int | None = None
+        self._in_flight: deque[int] = deque()  # ids of the steps sent and not yet applied, oldest first
 
     # -- requests in and out
 
@@ -117,9 +119,11 @@ class Scheduler:
         # running request in policy order (lowest priority, latest arrival) is preempted: its blocks are freed,
         # it goes back to the front of the waiting queue and is later recomputed (prefix cache permitting) and
         # re-sent whole. A step that preempted admits no waiting request, so blocks freed for running requests
-        # are not taken by new ones.
-        if self._in_flight_step_id is not None:
-            raise RuntimeError(f"step {self._in_flight_step_id} has not been applied with update_from_outcome")
+        # are not taken by new ones. Scheduling is asynchronous: a step's tokens count as computed once planned, and
+        # a request that will sample holds a placeholder for the token, which the worker feeds into its next step
+        # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied).
+        if len(self._in_flight) >= MAX_STEPS_IN_FLIGHT:
+            raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens)
         self._fork_ready_samples(draft)
         self._schedule_running(draft)
@@ -141,30 +145,42 @@ class Scheduler:
         self._worker_dropped_ids = []
         self._next_step_id += 1
         if plan.num_scheduled_tokens:
-            self._in_flight_step_id = plan.step_id
+            self._advance(plan)
+            self._in_flight.append(plan.step_id)
         return plan
+
+    def _advance(self, plan: StepPlan) -> None:
+        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+            request = self._requests[request_id]
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
 
     def update_from_outcome(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestUpdate]:
         if plan.step_id != outcome.step_id:
             raise ValueError(f"outcome of step {outcome.step_id} applied to plan {plan.step_id}")
-        if plan.num_scheduled_tokens and plan.step_id != self._in_flight_step_id:
-            raise ValueError(f"step {plan.step_id} is not the step in flight ({self._in_flight_step_id})")
-        self._in_flight_step_id = None
+        if not plan.num_scheduled_tokens:
+            return []
+        if not self._in_flight or plan.step_id != self._in_flight[0]:
+            raise ValueError(f"step {plan.step_id} is not the oldest step in flight ({list(self._in_flight)})")
+        self._in_flight.popleft()
         updates = []
         sampled = outcome.sampled_token_ids
         grammar_completed = set(outcome.grammar_completed_request_ids)
-        for request_id, num_tokens in plan.num_scheduled_tokens.items():
+        chunk_starts = {r.request_id: r.num_computed_tokens for r in (*plan.new_requests, *plan.cached_requests)}
+        for request_id in plan.num_scheduled_tokens:
             request = self._requests.get(request_id)
-            if request is None or request.status is not RUNNING:
-                continue  # finished (aborted, expired) while the step ran
-            prompt_logprobs = self._unsent_prompt_logprobs(request, outcome.prompt_logprobs.get(request_id))
-            request.num_computed_tokens += num_tokens
+            if request is None or request.status is not RUNNING or request.preempted_at_step > plan.step_id:
+                continue  # finished (aborted, expired) or preempted since the step was planned
+            prompt_logprobs = self._unsent_prompt_logprobs(request, chunk_starts[request_id],
+                                                           outcome.prompt_logprobs.get(request_id))
             self.block_manager.cache_full_blocks(request)
             token_id = sampled.get(request_id)
-            if token_id is None or request.num_computed_tokens < request.num_tokens:
+            if token_id is None:
                 if prompt_logprobs is not None:  # a prefill chunk short of the prompt's end samples nothing
                     updates.append(self._update(request, [], prompt_logprobs=prompt_logprobs))
                 continue
+            request.num_output_placeholders -= 1
             request.append_output_token(token_id)
             reason = FinishReason.STOP if request_id in grammar_completed \
                 else check_stop(request, self.eos_token_ids, self.config.max_model_len)
@@ -174,12 +190,11 @@ class Scheduler:
         return updates
 
     @staticmethod
-    def _unsent_prompt_logprobs(request: Request, logprobs: Logprobs | None) -> Logprobs | None:
+    def _unsent_prompt_logprobs(request: Request, first: int, logprobs: Logprobs | None) -> Logprobs | None:
         """The part of a chunk's prompt logprobs not sent before (a recompute after preemption repeats them). The
-        chunk from num_computed_tokens c holds the logprobs of prompt tokens c + 1, c + 2, ..."""
+        chunk starting at computed token `first` holds the logprobs of prompt tokens first + 1, first + 2, ..."""
         if logprobs is None:
             return None
-        first = request.num_computed_tokens
         num_sent = request.num_prompt_logprobs_sent
         request.num_prompt_logprobs_sent = max(num_sent, first + len(logprobs))
         if num_sent >= first + len(logprobs):
@@ -225,7 +240,7 @@ class Scheduler:
     def _schedule_running_request(self, request: Request, draft: _StepDraft) -> None:
         num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
                              draft.token_budget)
-        if num_new_tokens <= 0 or request.status is not RUNNING:
+        if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
             return
         while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens)) is None:
             victim = self._running[-1]
@@ -277,6 +292,13 @@ class Scheduler:
         bisect.insort(self._running, child, key=self._running_key)
         draft.forked[child.request_id] = fork.copies
 
+    def _reaches_its_length(self, request: Request) -> bool:
+        """Whether the tokens in flight already take the request to max_tokens or the model length."""
+        num_in_flight = request.num_output_placeholders
+        return num_in_flight > 0 and (
+            request.num_output_tokens + num_in_flight >= request.sampling_params.max_tokens
+            or request.num_tokens + num_in_flight >= self.config.max_model_len)
+
     @staticmethod
     def _new_request(request: Request, num_computed_tokens: int, block_ids: list[int]) -> NewRequest:
         return NewRequest(request.request_id, list(request.all_token_ids), block_ids, num_computed_tokens,
@@ -288,6 +310,8 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0
+        request.preempted_at_step = self._next_step_id
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._waiting.push(request)

@@ -123,12 +123,23 @@ def test_router_can_finish_with_stop():
     assert not scheduler.has_unfinished_requests()
 
 
-def test_schedule_twice_without_outcome_is_refused():
+def test_next_step_is_planned_while_one_runs_but_not_a_third():
     scheduler = make_scheduler(num_blocks=16)
-    scheduler.add_request(make_request("a", 4))
-    scheduler.schedule()
+    scheduler.add_request(make_request("a", 4, max_tokens=3))
+    worker = FakeWorker(block_size=16)
+    prefill, decode = scheduler.schedule(), scheduler.schedule()
+    assert prefill.num_scheduled_tokens == {"a": 4} and decode.num_scheduled_tokens == {"a": 1}
+    assert decode.cached_requests[0].num_computed_tokens == 4  # the worker feeds its own sampled token forward
     with pytest.raises(RuntimeError):
         scheduler.schedule()
+    outcomes = [worker.execute(prefill), worker.execute(decode)]
+    first = scheduler.update_from_outcome(prefill, outcomes[0])
+    third = scheduler.schedule()  # max_tokens=3: the two tokens in flight leave room for one more
+    second = scheduler.update_from_outcome(decode, outcomes[1])
+    assert scheduler.schedule().num_scheduled_tokens == {}  # the third token is in flight and is the last
+    last = scheduler.update_from_outcome(third, worker.execute(third))
+    assert [u.new_token_ids[0] for u in first + second + last] == worker.sampled_log["a"]
+    assert last[0].finish_reason is FinishReason.LENGTH
 
 
 def test_outcome_of_another_step_is_refused():

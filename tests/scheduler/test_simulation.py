@@ -3,6 +3,8 @@ deadlines) against a KV pool small enough to force preemption, with the fake wor
 import random
 from collections import deque
 
+import pytest
+
 from scheduler_svc.request import FinishReason
 from sched_testkit import EOS, FakeWorker, make_request, make_scheduler
 from sluice.errors import ResourceExhausted
@@ -27,7 +29,10 @@ def _request_specs(rng: random.Random):
     return specs
 
 
-def test_random_workload_finishes_every_request_within_a_step_bound():
+@pytest.mark.parametrize("steps_in_flight", [1, 2], ids=["synchronous", "async"])
+def test_random_workload_finishes_every_request_within_a_step_bound(steps_in_flight):
+    """With two steps in flight, step N + 1 is planned before step N's outcome is applied, as the engine loop does;
+    the fake worker runs the plans in order, feeding its own sampled tokens forward."""
     rng = random.Random(1234)
     scheduler = make_scheduler(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
                                max_num_batched_tokens=BUDGET, max_model_len=MAX_PROMPT + MAX_OUTPUT,
@@ -57,19 +62,22 @@ def test_random_workload_finishes_every_request_within_a_step_bound():
                 live.discard(update.request_id)
 
     steps = 0
+    in_flight = deque()
+    requests = {}
     while pending or scheduler.has_unfinished_requests():
         for _ in range(rng.randint(0, 5)):
             if not pending:
                 break
             spec = pending[0]
             deadline = None if spec["deadline_in"] is None else steps + spec["deadline_in"]
+            request = make_request(spec["request_id"], spec["prompt"], spec["max_tokens"], priority=spec["priority"],
+                                   arrival_time=spec["arrival_time"], deadline=deadline)
             try:
-                scheduler.add_request(make_request(spec["request_id"], spec["prompt"], spec["max_tokens"],
-                                                   priority=spec["priority"], arrival_time=spec["arrival_time"],
-                                                   deadline=deadline))
+                scheduler.add_request(request)
             except ResourceExhausted:
                 break
             live.add(pending.popleft()["request_id"])
+            requests[request.request_id] = request
         if live and rng.random() < 0.08:
             request_id = rng.choice(sorted(live))
             record([scheduler.abort_request(request_id)])
@@ -78,12 +86,16 @@ def test_random_workload_finishes_every_request_within_a_step_bound():
 
         plan = scheduler.schedule()
         assert plan.total_num_scheduled_tokens <= BUDGET and len(plan.num_scheduled_tokens) <= MAX_NUM_SEQS
-        record(scheduler.update_from_outcome(plan, worker.execute(plan)))
+        in_flight.append((plan, worker.execute(plan)))
+        while len(in_flight) >= steps_in_flight or (in_flight and not plan.num_scheduled_tokens):
+            record(scheduler.update_from_outcome(*in_flight.popleft()))
         load = scheduler.get_load()
         assert load.num_free_blocks + load.num_used_blocks == NUM_BLOCKS
         steps += 1
         assert steps <= max_steps, f"{steps} steps, bound {max_steps}"
 
+    while in_flight:
+        record(scheduler.update_from_outcome(*in_flight.popleft()))
     worker.execute(scheduler.schedule())  # delivers the last finished ids
     assert worker.requests == {}
     assert set(finals) == {spec["request_id"] for spec in specs}
@@ -100,7 +112,11 @@ def test_random_workload_finishes_every_request_within_a_step_bound():
         if update.finish_reason is FinishReason.STOP:
             assert tokens[-1] == EOS and EOS not in tokens[:-1]
         if update.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-            assert tokens == worker.sampled_log[spec["request_id"]]
+            # a token sampled in a step still in flight when its request finished or was preempted is dropped
+            log, num_preemptions = worker.sampled_log[spec["request_id"]], requests[spec["request_id"]].num_preemptions
+            assert 0 <= len(log) - len(tokens) <= (num_preemptions + 1) * (steps_in_flight - 1)
+            if num_preemptions == 0:
+                assert log[:len(tokens)] == tokens
     reasons = {update.finish_reason for update in finals.values()}
     assert reasons == set(FinishReason)
     print(f"{steps} steps (bound {max_steps}), {load.num_preemptions} preemptions, "
