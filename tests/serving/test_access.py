@@ -53,12 +53,20 @@ def _services_by_reflection(port: int) -> list[str]:
         return ProtoReflectionDescriptorDatabase(channel).get_services()
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_tls(tmp_path):
+@pytest.fixture
+def certificate(tmp_path):
+    """A self-signed certificate for localhost: (cert.pem, key.pem)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls(certificate):
+    cert, key = certificate
 
     async def scenario():
         credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
@@ -73,14 +81,10 @@ def test_tls(tmp_path):
     asyncio.run(scenario())
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-def test_sluice_client_sends_its_token_over_tls(tmp_path):
+def test_sluice_client_sends_its_token_over_tls(certificate):
     from sluice.client import SluiceClient, text_request
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    cert, key = certificate
 
     def generate(port: int, token: str | None) -> str:
         with SluiceClient(f"localhost:{port}", token, cert.read_bytes()) as client:
