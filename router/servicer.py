@@ -74,6 +74,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         default_max_tokens = self.model_info.max_model_len - num_prompt_tokens
         params = sampling_params_from_pb(message, SamplingParams(max_tokens=default_max_tokens))
         validate_sampling(params, num_prompt_tokens, self.model_info.max_model_len, self.tokenizer.vocab_size)
+        self.tokenizer.check_text_controls(params)
         return params
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:

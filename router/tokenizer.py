@@ -4,6 +4,7 @@ from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
 from sluice.errors import InvalidArgument
+from sluice.sampling_params import SamplingParams
 
 
 class RouterTokenizer:
@@ -15,6 +16,10 @@ class RouterTokenizer:
         else:
             self._hf = AutoTokenizer.from_pretrained(model_path)
         self.vocab_size = len(self._hf)
+
+    @staticmethod
+    def check_text_controls(params: SamplingParams) -> None:
+        """With a tokenizer, every text control (stop strings, structured output) can be honoured."""
 
     def encode_text(self, text: str) -> list[int]:
         return self._hf(text).input_ids
@@ -47,6 +52,13 @@ class TokenIdsOnly:
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
+
+    @staticmethod
+    def check_text_controls(params: SamplingParams) -> None:
+        """Stop strings and structured output work on text: without a tokenizer they cannot be honoured."""
+        for name in ("stop", params.constraint):
+            if name and getattr(params, name):
+                raise InvalidArgument(f"sampling.{name}", "this deployment has no tokenizer: it works on text")
 
     def encode_text(self, text: str) -> list[int]:
         raise InvalidArgument("text", "this deployment has no tokenizer: send token ids")

@@ -43,7 +43,9 @@ def traced_env(collector: TraceCollector) -> dict[str, str]:
 
 
 @contextmanager
-def running_services(model: Path, scheduler_args: list[str] = (), worker_args: list[str] = ()):
+def running_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
+                     router_args: list[str] | None = None):
+    """router_args default to the model's tokenizer."""
     layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
     metrics_ports = {name: free_port() for name in ("router", "scheduler", "worker")}
     collector = TraceCollector()
@@ -53,7 +55,9 @@ def running_services(model: Path, scheduler_args: list[str] = (), worker_args: l
         return [*args, "--metrics-port", str(metrics_ports[service])]
 
     processes = start_services(layout, flags("worker", "--model", str(model), *worker_args),
-                               flags("scheduler", *scheduler_args), flags("router", "--model", str(model)), env)
+                               flags("scheduler", *scheduler_args),
+                               flags("router", *(router_args if router_args is not None else ["--model", str(model)])),
+                               env)
     services = None
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 300, processes)
