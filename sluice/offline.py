@@ -25,8 +25,8 @@ class OfflineEngine:
     def __init__(self, worker: WorkerEngine, block_size: int = 16, num_blocks: int = 0,
                  steps_in_flight: int | None = None, **scheduler_options):
         """steps_in_flight: 2 plans step N + 1 while step N runs (the default on a GPU, where the host work then
-        overlaps the device's); 1 runs each step before planning the next (the default on the CPU, whose cores the
-        worker's torch threads already fill: a second step in flight measured 12% slower there)."""
+        overlaps the device's); 1 runs each step before planning the next, on this thread (the default on the CPU, whose
+        cores the worker's torch threads already fill: pipelining measured a few percent slower there)."""
         max_model_len = min(scheduler_options.pop("max_model_len", 8192),
                             worker.model_config.max_position_embeddings)
         config = SchedulerConfig(num_blocks=max(num_blocks, 1), block_size=block_size, max_model_len=max_model_len,
@@ -64,7 +64,7 @@ class OfflineEngine:
 
 
 def _run_here(function, *args) -> Future:
-    """Runs at once on this thread (a torch CPU worker on another thread measured 10% slower)."""
+    """Runs at once on this thread."""
     future = Future()
     future.set_result(function(*args))
     return future
