@@ -63,8 +63,9 @@ class SchedulerTelemetry:
             new_request.trace_context = carrier_of(tracked.phase_span)
 
     def updated(self, updates: list[RequestUpdate]) -> None:
+        if updates:
+            self.metrics.generation_tokens.inc(sum(len(update.new_token_ids) for update in updates))
         for update in updates:
-            self.metrics.generation_tokens.inc(len(update.new_token_ids))
             tracked = self._tracked.get(update.request_id)
             if tracked is None:
                 continue

@@ -85,6 +85,11 @@ class WorkerEngine:
         return profile_kv_cache_bytes(self.model, self.model_config, cos_sin_cache, block_size, self.config.torch_dtype,
                                       max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization)
 
+    @property
+    def num_live_requests(self) -> int:
+        """Requests whose state the worker holds (a drain waits for none)."""
+        return 0 if self.runner is None else len(self.runner.batch.requests)
+
     def execute(self, plan: StepPlan) -> StepOutcome:
         if self.runner is None:
             raise RuntimeError("init_cache must run before the first step")

@@ -25,5 +25,5 @@ async def serve(config: WorkerConfig, address: str, operations: Operations) -> N
         await service.set_ready(True)
         log.info("worker serving %s on port %d", config.model, port)
         await service.wait_for_shutdown()
-        drained = await service.drain(telemetry.is_idle)
+        drained = await service.drain(lambda: engine.num_live_requests == 0)
         log.info("worker drained" if drained else "worker drain timed out; stopping")

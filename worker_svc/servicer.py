@@ -30,5 +30,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             plan = plan_from_pb(step)
             self.telemetry.step_started(plan)
             outcome = await asyncio.to_thread(self.engine.execute, plan)
-            self.telemetry.step_finished(plan, outcome)
+            self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests)
             yield outcome_to_pb(outcome)

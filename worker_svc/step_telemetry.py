@@ -1,5 +1,5 @@
-"""Watches the worker's step stream: which requests it holds (a drain waits for none), a span per request's
-prefill that joins the scheduler's trace, and step metrics."""
+"""Watches the worker's step stream: a span per request's prefill that joins the scheduler's trace, and step
+metrics."""
 import time
 
 from opentelemetry import trace
@@ -27,19 +27,13 @@ class WorkerStepTelemetry:
     def __init__(self, tracer: trace.Tracer, metrics: WorkerMetrics):
         self.tracer = tracer
         self.metrics = metrics
-        self._live_request_ids: set[str] = set()
         self._prefill_spans: dict[str, trace.Span] = {}  # until the request samples its first token
         self._step_started = 0.0
 
-    def is_idle(self) -> bool:
-        return not self._live_request_ids
-
     def step_started(self, plan: StepPlan) -> None:
         for request_id in plan.finished_request_ids:
-            self._live_request_ids.discard(request_id)
             self._end_prefill(request_id)
         for new in plan.new_requests:
-            self._live_request_ids.add(new.request_id)
             if new.trace_context:
                 self._prefill_spans[new.request_id] = self.tracer.start_span(
                     "sluice.worker.prefill", context=context_of(new.trace_context), attributes={
@@ -47,10 +41,10 @@ class WorkerStepTelemetry:
                         "sluice.num_tokens": len(new.token_ids),
                         "sluice.num_computed_tokens": new.num_computed_tokens,
                     })
-        self.metrics.num_requests.set(len(self._live_request_ids))
         self._step_started = time.perf_counter()
 
-    def step_finished(self, plan: StepPlan, outcome: StepOutcome) -> None:
+    def step_finished(self, plan: StepPlan, outcome: StepOutcome, num_live_requests: int) -> None:
+        self.metrics.num_requests.set(num_live_requests)
         self.metrics.step_seconds.observe(time.perf_counter() - self._step_started)
         self.metrics.iteration_tokens.observe(plan.total_num_scheduled_tokens)
         for request_id in outcome.sampled_token_ids:

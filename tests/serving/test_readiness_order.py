@@ -2,6 +2,7 @@
 scheduler waits for its worker."""
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,7 +38,7 @@ def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
 
     def slow_load(config):
         assert loaded.wait(30)
-        return object()  # no call reaches the engine in this test
+        return SimpleNamespace(num_live_requests=0)  # no step reaches the engine in this test; the drain asks
 
     monkeypatch.setattr(server.WorkerEngine, "load", slow_load)
     address = f"127.0.0.1:{free_port()}"
