@@ -1,6 +1,6 @@
 """The client's view of one generation: per sample, text deltas cut at stop strings, logprobs with their tokens'
 text, and one Complete message; the stream is done once every sample has completed."""
-import time
+from collections.abc import Callable
 
 from router.scheduler_link import Tokens
 from router.stop_strings import StopStringMatcher
@@ -69,12 +69,13 @@ class SampleOutput:
 
 
 class GenerationOutput:
-    def __init__(self, request_id: str, params: SamplingParams, tokenizer, return_token_ids: bool):
+    def __init__(self, request_id: str, params: SamplingParams, tokenizer, return_token_ids: bool,
+                 timings: Callable[[], pb.Timings]):
+        """timings: the request's latencies so far, for each Complete message."""
         self.request_id = request_id
         self.samples = [SampleOutput(i, tokenizer, params, return_token_ids) for i in range(params.n)]
         self.num_complete = 0
-        self._started = time.perf_counter()
-        self._first_token_at: float | None = None
+        self._timings = timings
         self._new_stops: list[int] = []
 
     @property
@@ -90,8 +91,6 @@ class GenerationOutput:
             chunk = sample.chunk(delta)
             if chunk is not None:
                 out.append(chunk)
-            if delta.token_ids and self._first_token_at is None:
-                self._first_token_at = time.perf_counter()
             if sample.matched_stop and not had_stopped:
                 self._new_stops.append(index)
         for event in events:
@@ -104,11 +103,6 @@ class GenerationOutput:
         """Samples whose stop string matched since the last call: the scheduler must end them."""
         stops, self._new_stops = self._new_stops, []
         return stops
-
-    def _timings(self) -> pb.Timings:
-        now = time.perf_counter()
-        return pb.Timings(time_to_first_token_seconds=(self._first_token_at or now) - self._started,
-                          total_seconds=now - self._started)
 
 
 def _merge_tokens(events: list) -> dict[int, Tokens]:

@@ -42,6 +42,7 @@ class RequestTelemetry:
         self.metrics = metrics
         self.trace_context = carrier_of(span)  # for the Submit message: the scheduler's spans join this trace
         self._started = time.perf_counter()
+        self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._ended = False
         self._finished = False
@@ -50,13 +51,20 @@ class RequestTelemetry:
 
     def tokens(self, num_tokens: int) -> None:
         now = time.perf_counter()
-        if self._last_token_at is None:
+        if self._first_token_at is None:
+            self._first_token_at = now
             time_to_first_token = now - self._started
             self.metrics.time_to_first_token.observe(time_to_first_token)
             self.span.set_attribute("gen_ai.latency.time_to_first_token", time_to_first_token)
         else:
             self.metrics.observe_tokens(num_tokens, now - self._last_token_at)
         self._last_token_at = now
+
+    def timings(self) -> pb.Timings:
+        """The request's latencies so far, for the client's Complete message."""
+        now = time.perf_counter()
+        return pb.Timings(time_to_first_token_seconds=(self._first_token_at or now) - self._started,
+                          total_seconds=now - self._started)
 
     def ended(self, ending) -> None:
         """One sample's end (a request with n samples ends n times)."""

@@ -35,7 +35,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             priority=request.priority, cache_salt=request.cache_salt,
             deadline_unix_seconds=time.time() + remaining if remaining is not None else 0,
             trace_context=telemetry.trace_context)
-        output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids)
+        output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids, telemetry.timings)
         events = self.schedulers.submit(submit)
         try:
             while not output.done:

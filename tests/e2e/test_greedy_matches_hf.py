@@ -52,3 +52,4 @@ def test_chat_capital_of_france(services):
     result = services.client.generate(pb.GenerateRequest(chat=chat, sampling=pb.SamplingParams(temperature=0.0)))
     assert result.text == "The capital of France is Paris."
     assert result.finish_reason == "stop"
+    assert 0 < result.time_to_first_token_seconds < 60
