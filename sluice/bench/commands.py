@@ -3,6 +3,7 @@ import asyncio
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from sluice.bench.report import format_summary, summarize
@@ -69,7 +70,7 @@ def _workload(args) -> list[BenchRequest]:
                            args.seed)
 
 
-def _through_grpc(args, requests: list[BenchRequest]) -> dict:
+def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
     from sluice.bench.grpc_load import run_load
     from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 
@@ -79,15 +80,14 @@ def _through_grpc(args, requests: list[BenchRequest]) -> dict:
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
         asyncio.run(run_load(layout.router_address, requests[:4]))  # warm-up
-        traces, duration = asyncio.run(run_load(layout.router_address, requests))
+        traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
     finally:
         stop_services(processes)
     return {"name": "sluice (gRPC stack)", **summarize(traces, duration)}
 
 
-def _in_process(args, requests: list[BenchRequest]) -> dict:
+def _offline_engine(args, enable_prefix_caching: bool):
     from sluice.offline import OfflineEngine
-    from sluice.sampling_params import SamplingParams
     from worker_svc.config import WorkerConfig
     from worker_svc.engine import WorkerEngine
 
@@ -95,17 +95,26 @@ def _in_process(args, requests: list[BenchRequest]) -> dict:
         model=str(args.model), load_format=args.load_format, dtype=args.dtype, device=args.device,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager, kernels=args.kernels))
-    engine = OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                           enable_prefix_caching=not args.no_prefix_caching)
+    return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
+                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                         enable_prefix_caching=enable_prefix_caching)
+
+
+def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
+    """(output tokens, seconds) of generating the requests all at once."""
+    from sluice.sampling_params import SamplingParams
+
     params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
-    prompts = [r.prompt_token_ids for r in requests]
-    engine.generate(prompts[:4], params[:4])  # warm-up
     started = time.perf_counter()
-    results = engine.generate(prompts, params)
-    duration = time.perf_counter() - started
-    output_tokens = sum(len(r.token_ids) for r in results)
-    prompt_tokens = sum(map(len, prompts))
+    results = engine.generate([r.prompt_token_ids for r in requests], params)
+    return sum(len(r.token_ids) for r in results), time.perf_counter() - started
+
+
+def _in_process(args, requests: list[BenchRequest]) -> dict:
+    engine = _offline_engine(args, enable_prefix_caching=not args.no_prefix_caching)
+    _timed_generate(engine, requests[:4])  # warm-up
+    output_tokens, duration = _timed_generate(engine, requests)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     return {"name": "sluice (in process)", "requests": len(requests), "duration_s": duration,
             "requests_per_s": len(requests) / duration, "output_tokens_per_s": output_tokens / duration,
             "total_tokens_per_s": (output_tokens + prompt_tokens) / duration}
@@ -135,16 +144,22 @@ def _throughput(args) -> None:
 
 
 def _latency(args) -> None:
+    if args.output_len[0] < 2:
+        raise SystemExit("--output-len must be at least 2: the time per token is measured after the first")
     _resolve_model(args)
     requests = _workload(args)
     if args.in_process:
+        # time per output token after the first: a whole generation less one of a single token, no prefix cache
+        engine = _offline_engine(args, enable_prefix_caching=False)
+        _timed_generate(engine, requests[:1])  # warm-up
         per_token = []
         for request in requests:
-            result = _in_process(args, [request])
-            per_token.append(1000 / result["output_tokens_per_s"])
+            _, first_token = _timed_generate(engine, [replace(request, max_tokens=1)])
+            _, whole = _timed_generate(engine, [request])
+            per_token.append((whole - first_token) / (request.max_tokens - 1) * 1000)
         summary = {"name": "sluice (in process)", "ms_per_token": statistics.median(per_token)}
     else:
-        result = _through_grpc(args, requests)
+        result = _through_grpc(args, requests, concurrency=1)
         summary = {"name": "sluice (gRPC stack)", "ms_per_token": result["tpot_ms"]["p50"],
                    "ttft_ms": result["ttft_ms"]["p50"]}
     print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
