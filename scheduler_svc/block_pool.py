@@ -29,10 +29,6 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         return len(self._free_queue)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._cached)
-
     def allocate(self, num_blocks: int) -> list[KVBlock]:
         if num_blocks > len(self._free_queue):
             raise ValueError(f"asked for {num_blocks} blocks, {len(self._free_queue)} free")

@@ -206,10 +206,6 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
-    def has_finished_requests(self) -> bool:
-        """Whether the next plan must tell the worker about requests it can drop."""
-        return bool(self._worker_dropped_ids)
-
     def get_load(self) -> LoadSnapshot:
         blocks = self.block_manager
         return LoadSnapshot(
