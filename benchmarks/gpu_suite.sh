@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
-# The H200 checks in one call: worker agreement with HF and decode-step times, the throughput workload in process
-# and through gRPC, then the kernel tests and benchmarks. Results go to $OUT (or ./gpu_out).
+# The H200 checks in one call; STAGES picks some (default: all). Results go to $OUT (or ./gpu_out).
+#   agreement   greedy agreement with HF transformers on random weights (benchmarks/gpu_agreement.py)
+#   worker      one decode step of Qwen3-0.6B at batch 1 and 256, eager and with CUDA graphs
+#   profile     the throughput workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
+#   throughput  the standard workload in process and through the gRPC stack
+#   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
+#   serve       8 req/s of 1k in / 256 out on Llama-3.1-8B against `sluice serve`
+#   kernels     the kernel tests and benchmarks
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-for stage in ${STAGES:-worker throughput kernels}; do
+DUMMY=(--load-format dummy --dtype bfloat16 --device cuda)
+bench() { timeout 200 python3 -m sluice.cli --log-level WARNING bench "$@" 2> >(grep -v Warning | tail -20 >&2) | tail -3; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
+for stage in ${STAGES:-agreement worker profile throughput latency serve kernels}; do
   echo "== $stage $(date +%T)"
   case $stage in
-    worker)
-      timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -12 ;;
+    agreement) timeout 300 python3 benchmarks/gpu_agreement.py "$OUT/agreement.json" 2>&1 | grep -v Warning | tail -12 ;;
+    worker) timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -6 ;;
+    profile) timeout 200 python3 benchmarks/gpu_step_profile.py "$OUT/profile.json" 2>&1 | grep -v Warning | head -40 ;;
     throughput)
       for mode in --in-process ""; do
-        timeout 150 python3 -m sluice.cli --log-level WARNING bench throughput --model Qwen3-0.6B --load-format dummy \
-          --dtype bfloat16 --device cuda $mode --out "$OUT/throughput${mode:+_inproc}.json" \
-          2> >(tail -30 > "$OUT/throughput${mode:+_inproc}.err") | tail -2
+        bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $mode --out "$OUT/throughput${mode:+_inproc}.json"
       done ;;
+    latency)
+      for model in Qwen3-0.6B Llama-3.1-8B; do
+        for mode in --in-process ""; do
+          bench latency --model $model "${DUMMY[@]}" $mode --out "$OUT/latency_$model${mode:+_inproc}.json"
+        done
+      done ;;
+    serve)
+      python3 -m sluice.cli --log-level WARNING serve --model Llama-3.1-8B "${DUMMY[@]}" --port 50051 \
+        > "$OUT/serve.log" 2>&1 &
+      server=$!
+      timeout 300 bash -c 'until grep -q "is serving" "$0"; do sleep 2; done' "$OUT/serve.log"
+      timeout 120 python3 -m sluice.cli bench serve --address 127.0.0.1:50051 --rate 8 --num-requests 200 \
+        --input-len 1024 1024 --output-len 256 256 --vocab-size 128256 --out "$OUT/serve.json" 2>/dev/null | tail -12
+      kill $server; wait $server ;;
     kernels)
       timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 kernels/bench.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
