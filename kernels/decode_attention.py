@@ -20,7 +20,7 @@ MIN_TOKENS_PER_SPLIT = 64
 PROGRAMS_PER_SM = 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every eager step: compile once
 def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,

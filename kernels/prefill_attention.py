@@ -8,7 +8,7 @@ import triton.language as tl
 from kernels.paged_kv import attend_kv_tiles, check_paged_kv, dot_config
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # they change every step: compile once
 def _paged_prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     scale_log2, num_seqs,

@@ -3,7 +3,6 @@
 Used by `sluice bench --in-process` and by GPU checks, so the cost of the service split is always measurable.
 """
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from scheduler_svc.config import SchedulerConfig
@@ -12,6 +11,7 @@ from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
 from scheduler_svc.step_plan import StepPlan
 from sluice.sampling_params import SamplingParams
 from worker_svc.engine import WorkerEngine
+from worker_svc.model_runner import LaunchedStep
 
 
 @dataclass(slots=True)
@@ -24,9 +24,9 @@ class OfflineResult:
 class OfflineEngine:
     def __init__(self, worker: WorkerEngine, block_size: int = 16, num_blocks: int = 0,
                  steps_in_flight: int | None = None, **scheduler_options):
-        """steps_in_flight: 2 plans step N + 1 while step N runs (the default on a GPU, where the host work then
-        overlaps the device's); 1 runs each step before planning the next, on this thread (the default on the CPU, whose
-        cores the worker's torch threads already fill: pipelining measured a few percent slower there)."""
+        """steps_in_flight: 2 launches step N + 1 before step N's outcome is in (the default on a GPU: the device
+        never waits for the host's bookkeeping); 1 finishes each step before planning the next (the default on the
+        CPU, where a step computes as it is launched, so there is nothing to overlap)."""
         max_model_len = min(scheduler_options.pop("max_model_len", 8192),
                             worker.model_config.max_position_embeddings)
         config = SchedulerConfig(num_blocks=max(num_blocks, 1), block_size=block_size, max_model_len=max_model_len,
@@ -43,28 +43,19 @@ class OfflineEngine:
         for i, (prompt, sampling) in enumerate(zip(prompts, params)):
             self.scheduler.add_request(Request(f"offline-{i}", list(prompt), sampling))
             results[f"offline-{i}"] = OfflineResult(f"offline-{i}")
-        # with two steps in flight, as in the gRPC engine loop, step N + 1 is planned while the worker thread runs N
-        in_flight: deque[tuple[StepPlan, Future]] = deque()
-        with ThreadPoolExecutor(max_workers=1) as worker_thread:
-            run = worker_thread.submit if self.steps_in_flight > 1 else _run_here
-            while self.scheduler.has_unfinished_requests() or in_flight:
-                while len(in_flight) < self.steps_in_flight and self.scheduler.has_unfinished_requests():
-                    plan = self.scheduler.schedule()
-                    if plan.is_empty:
-                        break
-                    in_flight.append((plan, run(self.worker.execute, plan)))
-                plan, outcome = in_flight.popleft()
-                for update in self.scheduler.update_from_outcome(plan, outcome.result()):
-                    result = results[update.request_id]
-                    result.token_ids.extend(update.new_token_ids)
-                    if update.finished:
-                        result.finish_reason = update.finish_reason.value
-                self.num_steps += 1
+        in_flight: deque[tuple[StepPlan, LaunchedStep]] = deque()
+        while self.scheduler.has_unfinished_requests() or in_flight:
+            while len(in_flight) < self.steps_in_flight and self.scheduler.has_unfinished_requests():
+                plan = self.scheduler.schedule()
+                if plan.is_empty:
+                    break
+                in_flight.append((plan, self.worker.launch(plan)))
+            plan, step = in_flight.popleft()
+            for update in self.scheduler.update_from_outcome(plan, self.worker.finish(step)):
+                result = results[update.request_id]
+                result.token_ids.extend(update.new_token_ids)
+                if update.finished:
+                    result.finish_reason = update.finish_reason.value
+            self.num_steps += 1
         return list(results.values())
 
-
-def _run_here(function, *args) -> Future:
-    """Runs at once on this thread."""
-    future = Future()
-    future.set_result(function(*args))
-    return future

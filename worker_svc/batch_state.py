@@ -10,7 +10,11 @@ _INITIAL_ROWS, _INITIAL_BLOCKS = 64, 64
 
 @dataclass(slots=True)
 class RequestState:
-    """The worker's persistent copy of one request: the scheduler only sends diffs after the first step."""
+    """The worker's persistent copy of one request: the scheduler only sends diffs after the first step.
+
+    Tokens sampled by a launched step reach `token_ids` when that step finishes; until then they are unresolved,
+    and the newest one is row `sampled_row` of the step `sampled_step`'s sampled-token tensor on the device.
+    """
 
     row: int  # the request's row in BatchState.block_table
     token_ids: list[int]
@@ -18,6 +22,13 @@ class RequestState:
     num_computed_tokens: int
     sampling_params: SamplingParams
     num_prompt_tokens: int
+    num_unresolved: int = 0
+    sampled_step: int = -1
+    sampled_row: int = -1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + self.num_unresolved
 
 
 class BatchState:
@@ -43,11 +54,21 @@ class BatchState:
             self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
-    def record_step(self, plan: StepPlan, sampled: dict[str, int]) -> None:
-        for request_id, num_tokens in plan.num_scheduled_tokens.items():
-            self.requests[request_id].num_computed_tokens += num_tokens
-        for request_id, token_id in sampled.items():
-            self.requests[request_id].token_ids.append(token_id)
+    def record_launch(self, plan: StepPlan, states: list[RequestState], sampled: list[RequestState]) -> None:
+        """The step is on the device: its tokens count as computed, and each sampling request's new token is
+        unresolved, at its row of the step's sampled tensor."""
+        for state, num_tokens in zip(states, plan.num_scheduled_tokens.values()):
+            state.num_computed_tokens += num_tokens
+        for row, state in enumerate(sampled):
+            state.num_unresolved += 1
+            state.sampled_step, state.sampled_row = plan.step_id, row
+
+    @staticmethod
+    def resolve(sampled: list[RequestState], token_ids: list[int]) -> None:
+        """A launched step finished: its sampled tokens join the requests' token lists (also those dropped since)."""
+        for state, token_id in zip(sampled, token_ids):
+            state.token_ids.append(token_id)
+            state.num_unresolved -= 1
 
     def _take_row(self) -> int:
         if not self._free_rows:

@@ -11,7 +11,7 @@ from worker_svc.dummy_weights import dummy_checkpoint
 from worker_svc.kv_cache import allocate_kv_cache, bytes_per_block
 from worker_svc.memory_profile import profile_kv_cache_bytes
 from worker_svc.model_config import ModelConfig
-from worker_svc.model_runner import ModelRunner
+from worker_svc.model_runner import LaunchedStep, ModelRunner
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.registry import traits_for
 from worker_svc.sampling_rows import SamplingRows
@@ -90,7 +90,14 @@ class WorkerEngine:
         """Requests whose state the worker holds (a drain waits for none)."""
         return 0 if self.runner is None else len(self.runner.batch.requests)
 
-    def execute(self, plan: StepPlan) -> StepOutcome:
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Queues the step on the device and returns without waiting for it; `finish` collects its outcome."""
         if self.runner is None:
             raise RuntimeError("init_cache must run before the first step")
-        return self.runner.execute(plan)
+        return self.runner.launch(plan)
+
+    def finish(self, step: LaunchedStep) -> StepOutcome:
+        return self.runner.finish(step)
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        return self.finish(self.launch(plan))

@@ -19,7 +19,7 @@ def logits_rows(request_ids: list[str], states: list[RequestState], query_lens: 
     offset = 0
     for request_id, state, num_tokens in zip(request_ids, states, query_lens):
         start = state.num_computed_tokens
-        if start + num_tokens == len(state.token_ids):
+        if start + num_tokens == state.num_tokens:
             rows.sample_request_ids.append(request_id)
             rows.token_indices.append(offset + num_tokens - 1)
         num_top = state.sampling_params.prompt_logprobs

@@ -1,17 +1,41 @@
+from dataclasses import dataclass, field
+
 import torch
 
 from scheduler_svc.step_plan import StepOutcome, StepPlan
-from worker_svc.attention_metadata import AttentionMetadata
-from worker_svc.batch_state import BatchState
+from sluice.logprobs import Logprobs
+from worker_svc.batch_state import BatchState, RequestState
 from worker_svc.decode_graphs import DecodeGraphs
 from worker_svc.kv_cache import copy_blocks
 from worker_svc.logits_rows import logits_rows
-from worker_svc.step_inputs import StepInputBuilder
-from worker_svc.step_sampler import StepSampler
+from worker_svc.step_inputs import SampledTokens, StepInputBuilder, StepInputs
+from worker_svc.step_sampler import DeviceSample, StepSampler
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose work is queued on the device; its sampled tokens are on their way to the host."""
+
+    step_id: int
+    sample: DeviceSample | None = None
+    sampled: list[RequestState] = field(default_factory=list)  # the requests that sampled, in sample order
+    host_token_ids: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    outcome: StepOutcome | None = None
+
+    def wait(self) -> None:
+        """Blocks, without the GIL, until the sampled tokens are on the host."""
+        if self.copied is not None:
+            self.copied.synchronize()
 
 
 class ModelRunner:
-    """Turns a StepPlan into tensors, runs the model over every scheduled token at once, and samples."""
+    """Turns a StepPlan into tensors, runs the model over every scheduled token at once, and samples.
+
+    launch() queues a step's work without waiting for the device, so the host prepares step N + 1 while step N runs;
+    finish() collects a launched step's outcome. Steps finish in launch order.
+    """
 
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
                  decode_graphs: DecodeGraphs | None, sampler: StepSampler):
@@ -23,32 +47,62 @@ class ModelRunner:
         self.batch = BatchState()
         self.inputs = StepInputBuilder(block_size, device)
         self.sampler = sampler
+        self._previous: SampledTokens | None = None
+        self._unfinished: LaunchedStep | None = None
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepOutcome:
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        if self._unfinished is not None and self.sampler.grammars.active:
+            self.finish(self._unfinished)  # grammar matchers advance on the host before the next mask
         self.batch.apply(plan)
         self.sampler.apply(plan)
         if plan.block_copies:
             copy_blocks(self.kv_caches, plan.block_copies)
         if not plan.num_scheduled_tokens:
-            return StepOutcome(plan.step_id, {})
+            return LaunchedStep(plan.step_id, outcome=StepOutcome(plan.step_id, {}))
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
-        query_lens = [plan.num_scheduled_tokens[request_id] for request_id in request_ids]
-        inputs = self.inputs.build(self.batch, states, query_lens)
+        query_lens = list(plan.num_scheduled_tokens.values())
         rows = logits_rows(request_ids, states, query_lens)
-        logits = self._forward(inputs.input_ids, inputs.positions, inputs.meta, rows.token_indices)
+        inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
+                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous)
+        logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
         num_samples = len(rows.sample_request_ids)
-        result = self.sampler.sample(logits[:num_samples], rows.sample_request_ids)
+        sample = self.sampler.sample(logits[:num_samples], rows.sample_request_ids, inputs.sampling_rows)
         prompt_logprobs = self.sampler.prompt_logprobs(logits[num_samples:], rows.prompt_targets, rows.prompt_groups)
-        self.batch.record_step(plan, result.sampled_token_ids)
-        return StepOutcome(plan.step_id, result.sampled_token_ids, result.logprobs, prompt_logprobs,
-                           result.grammar_completed_request_ids)
+        sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
+        self.batch.record_launch(plan, states, sampled)
+        self._previous = SampledTokens(plan.step_id, sample.token_ids)
+        step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
+        if self.device.type == "cuda":
+            step.host_token_ids = sample.token_ids.to("cpu", non_blocking=True)
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+        else:
+            step.host_token_ids = sample.token_ids
+        self._unfinished = step
+        return step
 
-    def _forward(self, input_ids, positions, meta: AttentionMetadata, token_indices: list[int]) -> torch.Tensor:
-        graphs = self.decode_graphs
+    def finish(self, step: LaunchedStep) -> StepOutcome:
+        if step.outcome is None:
+            step.wait()
+            token_ids = step.host_token_ids.tolist()
+            self.batch.resolve(step.sampled, token_ids)
+            result = self.sampler.finish(step.sample, token_ids)
+            step.outcome = StepOutcome(step.step_id, result.sampled_token_ids, result.logprobs, step.prompt_logprobs,
+                                       result.grammar_completed_request_ids)
+            if self._unfinished is step:
+                self._unfinished = None
+        return step.outcome
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        return self.finish(self.launch(plan))
+
+    def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
+        graphs, meta = self.decode_graphs, inputs.meta
         if graphs is not None and meta.is_pure_decode and graphs.fits(meta.num_seqs):
-            logits = graphs.run(input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables)
-            return logits if token_indices == list(range(meta.num_seqs)) else logits[token_indices]
-        logits_indices = torch.tensor(token_indices, dtype=torch.int64, device=self.device)
-        return self.model(input_ids, positions, self.cos_sin_cache, self.kv_caches, meta, logits_indices)
+            logits = graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens,
+                                meta.block_tables)
+            return logits if one_logit_per_token else logits[inputs.logits_indices]
+        return self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, meta,
+                          inputs.logits_indices)

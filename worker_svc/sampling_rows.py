@@ -87,11 +87,13 @@ class SamplingRows:
     def params(self, request_id: str) -> SamplingParams:
         return self._rows[request_id].params
 
-    def gather(self, request_ids: list[str]) -> tuple[torch.Tensor, SamplingTensors]:
-        """The rows of the requests (in order), and their SamplingTensors less the structured-output mask."""
-        rows = [self._rows[request_id] for request_id in request_ids]
-        index = torch.tensor([row.index for row in rows], dtype=torch.int64, device=self.device)
-        params = [row.params for row in rows]
+    def indices(self, request_ids: list[str]) -> list[int]:
+        return [self._rows[request_id].index for request_id in request_ids]
+
+    def gather(self, request_ids: list[str], index: torch.Tensor) -> SamplingTensors:
+        """The SamplingTensors (less the structured-output mask) of the requests, whose rows (`indices`) are `index`,
+        already on the device."""
+        params = [self._rows[request_id].params for request_id in request_ids]
         column = {name: tensor[index] for name, tensor in self._scalars.items()}
         tensors = SamplingTensors(
             temperature=column["temperature"], top_k=column["top_k"], top_p=column["top_p"], min_p=column["min_p"],
@@ -112,7 +114,7 @@ class SamplingRows:
         if sparse:
             tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
                                           torch.cat([values for _, values in sparse], dim=1))
-        return index, tensors
+        return tensors
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Counts one sampled token for each row in `index`."""

@@ -1,4 +1,5 @@
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from scheduler_svc.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -12,6 +13,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.engine = engine
         self.model_name = model_name
         self.telemetry = telemetry
+        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-engine")
 
     async def GetInfo(self, request: pb.GetInfoRequest, context) -> pb.WorkerInfo:
         config = self.engine.model_config
@@ -20,15 +22,36 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids, rank=0, world_size=1)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
-        num_blocks = await asyncio.to_thread(self.engine.init_cache, request.block_size, request.num_blocks,
-                                             request.max_num_batched_tokens, request.max_num_seqs,
-                                             request.max_model_len)
+        num_blocks = await self._on_engine_thread(self.engine.init_cache, request.block_size, request.num_blocks,
+                                                  request.max_num_batched_tokens, request.max_num_seqs,
+                                                  request.max_model_len)
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
 
     async def Execute(self, request_iterator, context):
-        async for step in request_iterator:
-            plan = plan_from_pb(step)
-            self.telemetry.step_started(plan)
-            outcome = await asyncio.to_thread(self.engine.execute, plan)
-            self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests)
-            yield outcome_to_pb(outcome)
+        """Launches each step as it arrives and streams the outcomes back in order, so step N + 1 is queued on the
+        device before step N's sampled tokens reach the host."""
+        launched: asyncio.Queue = asyncio.Queue()
+        launcher = asyncio.create_task(self._launch_each(request_iterator, launched))
+        try:
+            while (item := await launched.get()) is not None:
+                plan, step, started = item
+                await asyncio.to_thread(step.wait)
+                outcome = await self._on_engine_thread(self.engine.finish, step)
+                self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started)
+                yield outcome_to_pb(outcome)
+            await launcher  # raises what failed a launch
+        finally:
+            launcher.cancel()
+
+    async def _launch_each(self, request_iterator, launched: asyncio.Queue) -> None:
+        try:
+            async for message in request_iterator:
+                plan = plan_from_pb(message)
+                started = self.telemetry.step_started(plan)
+                await launched.put((plan, await self._on_engine_thread(self.engine.launch, plan), started))
+        finally:
+            launched.put_nowait(None)
+
+    def _on_engine_thread(self, function, *args):
+        """Runs on the one thread that owns the engine's state (launches and finishes stay in order)."""
+        return asyncio.get_running_loop().run_in_executor(self._engine_thread, function, *args)

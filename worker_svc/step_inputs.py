@@ -1,4 +1,8 @@
-"""A step's model inputs, computed with numpy on the host and moved to the device in one copy per dtype."""
+"""A step's model inputs, computed with numpy on the host and moved to the device in one copy per dtype.
+
+A request's newest token may still be unresolved (sampled by the step before, not yet copied back): its input id is
+taken on the device from that step's sampled tokens, so a step never waits for the one before it.
+"""
 from dataclasses import dataclass
 from itertools import chain
 
@@ -14,15 +18,27 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_logits] int64: the tokens whose logits the step needs
+    sampling_rows: torch.Tensor  # [num_samples] int64: the sampling requests' rows in SamplingRows
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    step_id: int
+    token_ids: torch.Tensor  # [num_samples] int64 on the device
 
 
 class StepInputBuilder:
     def __init__(self, block_size: int, device: torch.device):
         self.block_size = block_size
         self.device = device
-        self._staging: dict[torch.dtype, torch.Tensor] = {}
+        # two sets of host buffers, used in turn: a step fills one while the previous step's upload may be pending
+        self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._uploaded: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
 
-    def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int]) -> StepInputs:
+    def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
+              sampling_rows: list[int], previous: SampledTokens | None) -> StepInputs:
         n = len(states)
         starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n)
         lens = np.asarray(query_lens, dtype=np.int64)
@@ -30,14 +46,16 @@ class StepInputBuilder:
         np.cumsum(lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
         if num_tokens == n:  # a pure decode step: one token per request
-            input_ids = np.fromiter((s.token_ids[s.num_computed_tokens] for s in states), np.int64, n)
+            input_ids = np.fromiter((_token_or_unresolved(s) for s in states), np.int64, n)
             seq_index, query_pos = np.arange(n), np.zeros(n, dtype=np.int64)
         else:
             input_ids = np.fromiter(chain.from_iterable(
-                s.token_ids[start:start + length] for s, start, length in zip(states, starts.tolist(), query_lens)),
+                _chunk(s, start, length) for s, start, length in zip(states, starts.tolist(), query_lens)),
                 np.int64, num_tokens)
             seq_index = np.repeat(np.arange(n), lens)
             query_pos = np.arange(num_tokens) - query_start_loc[:-1][seq_index]
+        unresolved = np.flatnonzero(input_ids < 0)
+        unresolved_rows = _previous_rows([states[i] for i in seq_index[unresolved]], previous)
         positions = starts[seq_index] + query_pos
         rows = np.fromiter((s.row for s in states), np.int64, n)
         max_blocks = max(s.num_blocks for s in states)
@@ -46,18 +64,28 @@ class StepInputBuilder:
             + positions % self.block_size
         seq_lens = starts + lens
 
-        longs = self._to_device(torch.int64, [input_ids, positions, slots, seq_index, query_pos])
+        self._turn ^= 1
+        if self._uploaded[self._turn] is not None:
+            self._uploaded[self._turn].synchronize()
+        longs = self._to_device(torch.int64, [input_ids, positions, slots, seq_index, query_pos, logits_indices,
+                                              sampling_rows, unresolved, unresolved_rows])
         ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel()])
-        input_ids_t, positions_t, slots_t, seq_index_t, query_pos_t = longs
+        if self.device.type == "cuda":
+            self._uploaded[self._turn] = torch.cuda.Event()
+            self._uploaded[self._turn].record()
+        input_ids_t, positions_t, slots_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
+        if unresolved.size:
+            input_ids_t[unresolved_t] = previous.token_ids[previous_t]
         query_start_loc_t, seq_lens_t, tables_t = ints
         meta = AttentionMetadata(
             slot_mapping=slots_t, query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
             block_tables=tables_t.view(n, max_blocks), token_seq_index=seq_index_t, token_query_pos=query_pos_t,
             max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
-        return StepInputs(input_ids_t, positions_t, meta)
+        return StepInputs(input_ids_t, positions_t, meta, logits_t, rows_t)
 
     def _to_device(self, dtype: torch.dtype, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         """Packs arrays into one host buffer (pinned on a GPU) and copies it to the device at once."""
+        arrays = [np.asarray(a) for a in arrays]
         sizes = [a.size for a in arrays]
         host = self._host_buffer(dtype, sum(sizes))
         np.concatenate(arrays, out=host.numpy(), casting="unsafe")
@@ -65,10 +93,29 @@ class StepInputBuilder:
         return list(packed.split(sizes))
 
     def _host_buffer(self, dtype: torch.dtype, size: int) -> torch.Tensor:
-        buffer = self._staging.get(dtype)
+        buffer = self._staging.get((dtype, self._turn))
         if buffer is None or buffer.numel() < size:
             buffer = torch.empty(max(size, 2 * (buffer.numel() if buffer is not None else 0)), dtype=dtype)
             if self.device.type == "cuda":
                 buffer = buffer.pin_memory()
-            self._staging[dtype] = buffer
+            self._staging[dtype, self._turn] = buffer
         return buffer[:size]
+
+
+def _token_or_unresolved(state: RequestState) -> int:
+    index = state.num_computed_tokens
+    return state.token_ids[index] if index < len(state.token_ids) else -1
+
+
+def _chunk(state: RequestState, start: int, length: int) -> list[int]:
+    tokens = state.token_ids[start:start + length]
+    return tokens if len(tokens) == length else tokens + [-1] * (length - len(tokens))
+
+
+def _previous_rows(states: list[RequestState], previous: SampledTokens | None) -> list[int]:
+    """Where each unresolved input token (the request's newest) is in the previous step's sampled tokens."""
+    for state in states:
+        if previous is None or state.sampled_step != previous.step_id or \
+                state.num_computed_tokens != state.num_tokens - 1:
+            raise RuntimeError("an input token is neither on the host nor among the previous step's samples")
+    return [state.sampled_row for state in states]

@@ -5,10 +5,21 @@ import torch
 
 from scheduler_svc.step_plan import StepPlan
 from sluice.logprobs import Logprobs
-from worker_svc.sampler import sample
+from worker_svc.sampler import sample as sample_tokens
 from worker_svc.sampling_rows import SamplingRows
 from worker_svc.structured_output import GrammarMatchers
 from worker_svc.token_logprobs import token_logprobs
+
+
+@dataclass(slots=True)
+class DeviceSample:
+    """A step's sampled tokens, still on the device, and what their logprobs need."""
+
+    request_ids: list[str]
+    token_ids: torch.Tensor  # [len(request_ids)] int64
+    logprob_logits: torch.Tensor | None = None  # raw logits of the rows that asked for logprobs
+    logprob_rows: list[int] = field(default_factory=list)
+    logprob_groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -39,9 +50,10 @@ class StepSampler:
             self.rows.add(new.request_id, params, seed, prompt_ids, output_ids)
             self.grammars.add(new.request_id, params, output_ids)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str]) -> SampleResult:
-        # logits: [len(request_ids), vocab] raw, overwritten
-        index, tensors = self.rows.gather(request_ids)
+    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
+        """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, overwritten;
+        rows: the requests' SamplingRows indices, on the device."""
+        tensors = self.rows.gather(request_ids, rows)
         groups, logprob_rows = [], []
         for i, request_id in enumerate(request_ids):
             num_top = self.rows.params(request_id).logprobs
@@ -50,13 +62,17 @@ class StepSampler:
                 logprob_rows.append(i)
         raw = logits[logprob_rows] if groups else None
         tensors.allowed = self.grammars.allowed_tokens(request_ids)
-        token_ids = sample(logits, tensors)
-        self.rows.record(index, token_ids)
-        token_list = token_ids.tolist()
-        result = SampleResult(dict(zip(request_ids, token_list)),
-                              grammar_completed_request_ids=self.grammars.advance(request_ids, token_list))
-        if groups:
-            result.logprobs = token_logprobs(raw, token_ids[logprob_rows], groups)
+        token_ids = sample_tokens(logits, tensors)
+        self.rows.record(rows, token_ids)
+        return DeviceSample(request_ids, token_ids, raw, logprob_rows, groups)
+
+    def finish(self, sample: DeviceSample, token_ids: list[int]) -> SampleResult:
+        """The host side once the sampled tokens (`token_ids`, in sample order) have arrived."""
+        result = SampleResult(dict(zip(sample.request_ids, token_ids)),
+                              grammar_completed_request_ids=self.grammars.advance(sample.request_ids, token_ids))
+        if sample.logprob_groups:
+            result.logprobs = token_logprobs(sample.logprob_logits, sample.token_ids[sample.logprob_rows],
+                                             sample.logprob_groups)
         return result
 
     @staticmethod

@@ -28,9 +28,9 @@ class WorkerStepTelemetry:
         self.tracer = tracer
         self.metrics = metrics
         self._prefill_spans: dict[str, trace.Span] = {}  # until the request samples its first token
-        self._step_started = 0.0
 
-    def step_started(self, plan: StepPlan) -> None:
+    def step_started(self, plan: StepPlan) -> float:
+        """Returns the step's start time, for step_finished."""
         for request_id in plan.finished_request_ids:
             self._end_prefill(request_id)
         for new in plan.new_requests:
@@ -41,11 +41,11 @@ class WorkerStepTelemetry:
                         "sluice.num_tokens": len(new.token_ids),
                         "sluice.num_computed_tokens": new.num_computed_tokens,
                     })
-        self._step_started = time.perf_counter()
+        return time.perf_counter()
 
-    def step_finished(self, plan: StepPlan, outcome: StepOutcome, num_live_requests: int) -> None:
+    def step_finished(self, plan: StepPlan, outcome: StepOutcome, num_live_requests: int, started: float) -> None:
         self.metrics.num_requests.set(num_live_requests)
-        self.metrics.step_seconds.observe(time.perf_counter() - self._step_started)
+        self.metrics.step_seconds.observe(time.perf_counter() - started)
         self.metrics.iteration_tokens.observe(plan.total_num_scheduled_tokens)
         for request_id in outcome.sampled_token_ids:
             self._end_prefill(request_id)

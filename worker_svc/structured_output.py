@@ -57,6 +57,11 @@ class GrammarMatchers:
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
+    @property
+    def active(self) -> bool:
+        """Some live request is constrained."""
+        return bool(self._matchers)
+
     def allowed_tokens(self, request_ids: list[str]) -> torch.Tensor | None:
         """[batch, vocab] bool: the tokens each request's grammar allows next (all on unconstrained rows), or None
         when no request of the batch is constrained."""

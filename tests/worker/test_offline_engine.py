@@ -1,4 +1,4 @@
-"""The in-process engine (real Scheduler + WorkerEngine, steps run on a worker thread) against HF greedy."""
+"""The in-process engine (real Scheduler + WorkerEngine; one or two steps launched ahead) against HF greedy."""
 import pytest
 
 from sluice.offline import OfflineEngine

@@ -32,6 +32,10 @@ def _rows(requests: dict[str, tuple[SamplingParams, list[int], list[int]]], devi
     return rows
 
 
+def _gather(rows: SamplingRows, request_ids: list[str]):
+    return rows.gather(request_ids, torch.tensor(rows.indices(request_ids), device=rows.device))
+
+
 def _logits(num_rows: int, device: torch.device, seed: int = 0) -> torch.Tensor:
     return (torch.randn(num_rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3).to(device)
 
@@ -73,7 +77,7 @@ def test_top_k_top_p_min_p_match_hf_row_by_row(device):
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 1.7])
 def test_temperature_then_filters_match_hf(temperature, device):
     params = SamplingParams(temperature=temperature, top_k=50, top_p=0.9, min_p=0.02)
-    _, tensors = _rows({"a": (params, [1], [])}, device).gather(["a"])
+    tensors = _gather(_rows({"a": (params, [1], [])}, device), ["a"])
     logits = _logits(1, device)
     scaled = logits / tensors.temperature.unsqueeze(1)
     ours = filter_top_k_top_p_min_p(scaled, tensors.top_k, tensors.top_p, tensors.min_p)
@@ -84,7 +88,7 @@ def test_temperature_then_filters_match_hf(temperature, device):
 @pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])
 def test_repetition_penalty_matches_hf(penalty, device):
     prompt, output = [5, 6, 7, 7], [9, 5, 300]
-    _, tensors = _rows({"a": (SamplingParams(repetition_penalty=penalty), prompt, output)}, device).gather(["a"])
+    tensors = _gather(_rows({"a": (SamplingParams(repetition_penalty=penalty), prompt, output)}, device), ["a"])
     logits = _logits(1, device)
     ours = process_logits(logits.clone(), tensors)
     torch.testing.assert_close(ours, _hf([RepetitionPenaltyLogitsProcessor(penalty)], logits, prompt + output))
@@ -93,7 +97,7 @@ def test_repetition_penalty_matches_hf(penalty, device):
 def test_presence_and_frequency_penalties_match_the_openai_formula(device):
     output = [9, 9, 9, 4, 300]
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
-    _, tensors = _rows({"a": (params, [4, 8], output)}, device).gather(["a"])
+    tensors = _gather(_rows({"a": (params, [4, 8], output)}, device), ["a"])
     logits = _logits(1, device)
     expected = logits.clone()
     for token in set(output):
@@ -103,7 +107,7 @@ def test_presence_and_frequency_penalties_match_the_openai_formula(device):
 
 def test_logit_bias_matches_hf_sequence_bias(device):
     bias = {3: 5.0, 17: -2.5, 400: 0.75}
-    _, tensors = _rows({"a": (SamplingParams(logit_bias=bias), [1], [])}, device).gather(["a"])
+    tensors = _gather(_rows({"a": (SamplingParams(logit_bias=bias), [1], [])}, device), ["a"])
     logits = _logits(1, device)
     expected = _hf([SequenceBiasLogitsProcessor([[[token], value] for token, value in bias.items()])], logits)
     torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
@@ -113,7 +117,7 @@ def test_logit_bias_matches_hf_sequence_bias(device):
 def test_min_tokens_masks_eos_and_stop_ids_like_hf(num_output, device):
     params = SamplingParams(min_tokens=4, stop_token_ids=[11, 12])
     prompt, output = [1, 2, 3], list(range(20, 20 + num_output))
-    _, tensors = _rows({"a": (params, prompt, output)}, device).gather(["a"])
+    tensors = _gather(_rows({"a": (params, prompt, output)}, device), ["a"])
     logits = _logits(1, device)
     expected = _hf([MinNewTokensLengthLogitsProcessor(len(prompt), 4, [EOS, 11, 12])], logits, prompt + output)
     torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
@@ -125,7 +129,7 @@ def test_penalties_and_bias_apply_per_row_in_a_mixed_batch(device):
         "penalised": (SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5), [5], [6, 6]),
         "biased": (SamplingParams(logit_bias={7: 3.0}), [5], [6]),
     }
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     logits = _logits(3, device)
     out = process_logits(logits.clone(), tensors)
     assert torch.equal(out[0], logits[0])
@@ -136,14 +140,14 @@ def test_penalties_and_bias_apply_per_row_in_a_mixed_batch(device):
 
 def test_all_greedy_batch_is_the_argmax_of_the_untouched_logits(device):
     requests = {f"r{i}": (SamplingParams(temperature=0.0), [1], []) for i in range(4)}
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     logits = _logits(4, device)
     assert torch.equal(sample(logits.clone(), tensors), logits.argmax(dim=-1))
 
 
 def test_top_k_1_equals_greedy(device):
     requests = {f"r{i}": (SamplingParams(temperature=1.0, top_k=1, seed=i), [1], []) for i in range(32)}
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     logits = _logits(32, device, seed=3)
     assert torch.equal(sample(logits.clone(), tensors), logits.argmax(dim=-1))
 
@@ -151,7 +155,7 @@ def test_top_k_1_equals_greedy(device):
 def test_samples_never_fall_outside_the_top_p_set(device):
     logits = _logits(1, device, seed=5).expand(256, VOCAB).clone()
     requests = {f"r{i}": (SamplingParams(temperature=1.0, top_p=0.3, seed=i), [1], []) for i in range(256)}
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     allowed = _hf([TopPLogitsWarper(0.3)], logits[:1])[0].isfinite()
     sampled = sample(logits.clone(), tensors)
     assert allowed[sampled].all()
@@ -163,7 +167,7 @@ def test_seeded_draws_follow_the_distribution(device):
     logits = torch.full((4000, VOCAB), float("-inf"), device=device)
     logits[:, :4] = probs.log()
     requests = {f"r{i}": (SamplingParams(temperature=1.0, seed=i), [1], []) for i in range(4000)}
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     counts = torch.bincount(sample(logits, tensors), minlength=VOCAB)
     assert counts[4:].sum() == 0
     torch.testing.assert_close(counts[:4] / 4000, probs, atol=0.025, rtol=0)
@@ -179,7 +183,8 @@ def test_a_seeded_request_draws_the_same_whatever_else_is_in_the_batch(device):
         rows = _rows(requests, device, seed=len(mix))
         draws = []
         for _ in range(20):  # consecutive output positions
-            index, tensors = rows.gather(mix)
+            index = torch.tensor(rows.indices(mix), device=device)
+            tensors = rows.gather(mix, index)
             logits = _logits(len(mix), device, seed=len(draws))
             logits[mix.index("t")] = target_logits[0]
             tokens = sample(logits, tensors)
@@ -192,7 +197,7 @@ def test_a_seeded_request_draws_the_same_whatever_else_is_in_the_batch(device):
 
 def test_different_seeds_draw_differently(device):
     requests = {f"r{i}": (SamplingParams(temperature=1.0, seed=i), [1], []) for i in range(16)}
-    _, tensors = _rows(requests, device).gather(list(requests))
+    tensors = _gather(_rows(requests, device), list(requests))
     assert len(sample(_logits(1, device).expand(16, VOCAB).clone(), tensors).unique()) > 4
 
 
@@ -204,7 +209,7 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
         rows.remove(f"r{i}")
     rows.add("late", SamplingParams(temperature=0.0, min_tokens=2), 0, [1], [])
     ids = ["r39", "late", "r1"]
-    _, tensors = rows.gather(ids)
+    tensors = _gather(rows, ids)
     assert tensors.temperature.tolist() == [0.5, 0.0, 0.5]
     assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
