@@ -1,14 +1,14 @@
 """Where a throughput run's time goes, in process (run on a CUDA machine).
 
-Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights) and times every worker step by kind
-(pure decode, or carrying prefill tokens) and the host time around it; then profiles a window of mixed steps and a
-window of decode steps with torch.profiler and prints the top operators. JSON goes to the first argument.
+Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights) and records every step's kind (pure
+decode, or carrying prefill tokens), size, and the host time of its launch and of its finish (which waits for the
+device); then runs a second workload (other prompts, so no prefix-cache hits) under torch.profiler windows over mixed
+and decode steps and prints the top operators. JSON goes to the first argument.
 """
 import json
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 from torch.profiler import ProfilerActivity, profile
 
@@ -22,7 +22,7 @@ SHAPE = "Qwen3-0.6B"
 
 
 class TimedWorker:
-    """Wraps WorkerEngine.execute: records each step's kind, size and time; profiles chosen step windows."""
+    """Wraps WorkerEngine.launch and finish: records each step's kind, size and host times; profiles step windows."""
 
     def __init__(self, worker: WorkerEngine, windows: dict[str, range]):
         self.worker = worker
@@ -30,11 +30,12 @@ class TimedWorker:
         self.windows = windows
         self.tables: dict[str, str] = {}
         self._profiler = None
+        self._finish_row: dict[int, dict] = {}
 
     def __getattr__(self, name):
         return getattr(self.worker, name)
 
-    def execute(self, plan):
+    def launch(self, plan):
         index = len(self.steps)
         for name, window in self.windows.items():
             if index == window.start:
@@ -47,11 +48,18 @@ class TimedWorker:
                                      + averages.table(sort_by="self_cpu_time_total", row_limit=15))
                 self._profiler = None
         started = time.perf_counter()
-        outcome = self.worker.execute(plan)
+        step = self.worker.launch(plan)
         tokens = sum(plan.num_scheduled_tokens.values())
         self.steps.append({"seqs": len(plan.num_scheduled_tokens), "tokens": tokens,
                            "decode": tokens == len(plan.num_scheduled_tokens), "start": started,
-                           "ms": (time.perf_counter() - started) * 1000})
+                           "launch_ms": (time.perf_counter() - started) * 1000, "finish_ms": 0.0})
+        self._finish_row[id(step)] = self.steps[-1]
+        return step
+
+    def finish(self, step):
+        started = time.perf_counter()
+        outcome = self.worker.finish(step)
+        self._finish_row.pop(id(step))["finish_ms"] = (time.perf_counter() - started) * 1000
         return outcome
 
 
@@ -59,38 +67,38 @@ def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "gpu_step_profile.json"
     worker = WorkerEngine.load(WorkerConfig(model=SHAPE, load_format="dummy", dtype="bfloat16", device="cuda"))
     engine = OfflineEngine(worker, max_model_len=4096)
-    requests = random_workload(256, (100, 1024), (100, 1024), worker.model_config.vocab_size)
-    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
-    prompts = [r.prompt_token_ids for r in requests]
-    engine.generate(prompts[:4], params[:4])  # warm-up
+    vocab_size = worker.model_config.vocab_size
+    engine.generate(*_workload(4, vocab_size, seed=2))  # warm-up
     results = {}
-    for steps_in_flight in (2, 1):
-        timed = TimedWorker(worker, {"mixed": range(4, 8), "decode": range(400, 420)} if steps_in_flight == 1 else {})
-        engine.worker, engine.steps_in_flight = timed, steps_in_flight
+    for name, seed, windows in (("timed", 0, {}), ("profiled", 1, {"mixed": range(2, 5), "decode": range(400, 410)})):
+        timed = TimedWorker(worker, windows)
+        engine.worker = timed
         started = time.perf_counter()
-        outputs = engine.generate(prompts, params)
+        outputs = engine.generate(*_workload(256, vocab_size, seed))
         wall = time.perf_counter() - started
-        by_kind = defaultdict(list)
-        for step in timed.steps:
-            by_kind["decode" if step["decode"] else "mixed"].append(step)
         summary = {"wall_s": wall, "output_tok_per_s": sum(len(o.token_ids) for o in outputs) / wall,
-                   "steps": len(timed.steps),
-                   "outside_execute_s": wall - sum(s["ms"] for s in timed.steps) / 1000}
-        for kind, steps in by_kind.items():
-            summary[kind] = {"steps": len(steps), "total_s": sum(s["ms"] for s in steps) / 1000,
-                             "median_ms": statistics.median(s["ms"] for s in steps),
-                             "median_seqs": statistics.median(s["seqs"] for s in steps),
-                             "median_tokens": statistics.median(s["tokens"] for s in steps)}
-        decode_256 = [s["ms"] for s in timed.steps if s["decode"] and s["seqs"] >= 240]
-        if decode_256:
-            summary["decode_240_plus_median_ms"] = statistics.median(decode_256)
-        results[f"steps_in_flight_{steps_in_flight}"] = summary
-        print(f"steps in flight {steps_in_flight}: {json.dumps(summary, indent=1)}", flush=True)
-        for name, table in timed.tables.items():
-            print(f"== profile: {name} steps\n{table}", flush=True)
-            results[f"profile_{name}"] = table
+                   "steps": len(timed.steps)}
+        for kind, steps in (("decode", [s for s in timed.steps if s["decode"]]),
+                            ("mixed", [s for s in timed.steps if not s["decode"]])):
+            period = [b["start"] - a["start"] for a, b in zip(steps, steps[1:])]
+            summary[kind] = {"steps": len(steps), "median_seqs": statistics.median(s["seqs"] for s in steps),
+                             "median_tokens": statistics.median(s["tokens"] for s in steps),
+                             "median_launch_ms": statistics.median(s["launch_ms"] for s in steps),
+                             "median_finish_ms": statistics.median(s["finish_ms"] for s in steps),
+                             "median_step_period_ms": statistics.median(period) * 1000 if period else None}
+        results[name] = summary
+        print(f"{name}: {json.dumps(summary, indent=1)}", flush=True)
+        for window, table in timed.tables.items():
+            print(f"== profile: {window} steps\n{table}", flush=True)
+            results[f"profile_{window}"] = table
     with open(out, "w") as f:
         json.dump(results, f, indent=2)
+
+
+def _workload(num_requests: int, vocab_size: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    requests = random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed)
+    return ([r.prompt_token_ids for r in requests],
+            [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests])
 
 
 if __name__ == "__main__":

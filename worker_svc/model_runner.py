@@ -1,3 +1,4 @@
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -48,12 +49,12 @@ class ModelRunner:
         self.inputs = StepInputBuilder(block_size, device)
         self.sampler = sampler
         self._previous: SampledTokens | None = None
-        self._unfinished: LaunchedStep | None = None
+        self._unfinished: deque[LaunchedStep] = deque()  # launched and not finished, oldest first
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> LaunchedStep:
-        if self._unfinished is not None and self.sampler.grammars.active:
-            self.finish(self._unfinished)  # grammar matchers advance on the host before the next mask
+        if self._unfinished and self.sampler.grammars.active:
+            self.finish(self._unfinished[-1])  # grammar matchers advance on the host before the next mask
         self.batch.apply(plan)
         self.sampler.apply(plan)
         if plan.block_copies:
@@ -80,19 +81,19 @@ class ModelRunner:
             step.copied.record()
         else:
             step.host_token_ids = sample.token_ids
-        self._unfinished = step
+        self._unfinished.append(step)
         return step
 
     def finish(self, step: LaunchedStep) -> StepOutcome:
-        if step.outcome is None:
-            step.wait()
-            token_ids = step.host_token_ids.tolist()
-            self.batch.resolve(step.sampled, token_ids)
-            result = self.sampler.finish(step.sample, token_ids)
-            step.outcome = StepOutcome(step.step_id, result.sampled_token_ids, result.logprobs, step.prompt_logprobs,
-                                       result.grammar_completed_request_ids)
-            if self._unfinished is step:
-                self._unfinished = None
+        """The step's outcome; steps launched before it are finished first."""
+        while step.outcome is None:
+            oldest = self._unfinished.popleft()
+            oldest.wait()
+            token_ids = oldest.host_token_ids.tolist()
+            self.batch.resolve(oldest.sampled, token_ids)
+            result = self.sampler.finish(oldest.sample, token_ids)
+            oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
+                                         oldest.prompt_logprobs, result.grammar_completed_request_ids)
         return step.outcome
 
     def execute(self, plan: StepPlan) -> StepOutcome:
