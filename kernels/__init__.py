@@ -1,10 +1,11 @@
 """Triton kernels of the worker's hot path; each launcher has a plain-torch `*_ref` twin with the same semantics.
 
-In place: reshape_and_cache, rotary_embedding. Everything else returns new tensors.
+In place: reshape_and_cache, rotary_embedding, and prepare_qkv's cache write. Everything else returns new tensors.
 """
 from kernels.activation import silu_and_mul, silu_and_mul_ref
 from kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
 from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 from kernels.rotary_embedding import build_cos_sin_cache, rope_inv_freq, rotary_embedding, rotary_embedding_ref
@@ -17,6 +18,8 @@ __all__ = [
     "paged_decode_attention_ref",
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
+    "prepare_qkv",
+    "prepare_qkv_ref",
     "reshape_and_cache",
     "reshape_and_cache_ref",
     "rms_norm",

@@ -19,8 +19,8 @@ import triton.testing
 
 from kernels import (
     build_cos_sin_cache, fused_add_rms_norm, fused_add_rms_norm_ref, paged_decode_attention, paged_decode_attention_ref,
-    paged_prefill_attention, paged_prefill_attention_ref, reshape_and_cache, reshape_and_cache_ref, rms_norm,
-    rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref,
+    paged_prefill_attention, paged_prefill_attention_ref, prepare_qkv, prepare_qkv_ref, reshape_and_cache,
+    reshape_and_cache_ref, rms_norm, rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref,
 )
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -126,6 +126,13 @@ def check_correctness(device: str) -> list[dict]:
     rotary_embedding_ref(pos, q_ref, k_ref, cache)
     check("rotary_embedding", (q, k), (q_ref, k_ref))
 
+    qkv = torch.randn(tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    q_norm_w, k_norm_w = 1 + 0.1 * torch.randn(2, HEAD_DIM, device=device, dtype=DTYPE)
+    caches = [torch.zeros_like(kc) for _ in range(4)]
+    q = prepare_qkv(qkv, pos, cache, q_norm_w, k_norm_w, 1e-6, caches[0], caches[1], slots)
+    q_ref = prepare_qkv_ref(qkv, pos, cache, q_norm_w, k_norm_w, 1e-6, caches[2], caches[3], slots)
+    check("prepare_qkv", (q, caches[0], caches[1]), (q_ref, caches[2], caches[3]))
+
     x = torch.randn(tokens, 2 * INTERMEDIATE, device=device, dtype=DTYPE)
     check("silu_and_mul", silu_and_mul(x), silu_and_mul_ref(x))
     return rows
@@ -197,6 +204,10 @@ def bench_small(device: str) -> list[dict]:
         vc = torch.zeros_like(kc)
         slots = torch.randperm(kc.shape[0] * BLOCK_SIZE, device=device)[:tokens]
         cases.append(("reshape_and_cache", lambda: reshape_and_cache(k, k, kc, vc, slots), 4 * k.numel() * 2))
+        qkv = torch.randn(tokens, NUM_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+        norm_w = torch.randn(HEAD_DIM, device=device, dtype=DTYPE)
+        cases.append(("prepare_qkv", lambda: prepare_qkv(qkv, pos, cache, norm_w, norm_w, 1e-6, kc, vc, slots),
+                      2 * qkv.numel() * 2))  # reads q, k, v; writes q and the cache rows
         for name, fn, moved in cases:
             ms = time_ms(fn)
             rows.append(dict(kernel=name, tokens=tokens, us=ms * 1e3, eager_us=eager_ms(fn) * 1e3,

@@ -17,22 +17,24 @@ class TorchOps:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
-    @staticmethod
-    def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-        # q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim]
+    def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
+                    slot_mapping) -> torch.Tensor:
+        # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]
+        num_kv_heads = key_cache.shape[2]
+        q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+        if q_norm_weight is not None:
+            q, k = self.rms_norm(q, q_norm_weight, eps), self.rms_norm(k, k_norm_weight, eps)
         cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        key_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+        value_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+        return q
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
-
-    @staticmethod
-    def write_kv(k, v, key_cache, value_cache, slot_mapping):
-        key_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-        value_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
 
     @staticmethod
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

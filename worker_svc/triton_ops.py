@@ -16,17 +16,14 @@ class TritonOps:
         return kernels.fused_add_rms_norm(x, residual, weight, eps)
 
     @staticmethod
-    def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
-        kernels.rotary_embedding(positions, q, k, cos_sin_cache)
-        return q, k
+    def prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
+                    slot_mapping) -> torch.Tensor:
+        return kernels.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
+                                   value_cache, slot_mapping)
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(x)
-
-    @staticmethod
-    def write_kv(k, v, key_cache, value_cache, slot_mapping) -> None:
-        kernels.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
 
     @staticmethod
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -32,21 +32,20 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=traits.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        # the per-head q/k norms' weights, applied inside ops.prepare_qkv (modules for the checkpoint names)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.scale = self.head_dim**-0.5
         self.ops = ops
 
     def forward(self, x, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # q: [num_tokens, num_heads, head_dim]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # k, v: [num_tokens, num_kv_heads, head_dim]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.ops.rotary(positions, q, k, cos_sin_cache)
+        qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)  # q, k, v heads
+        q_norm_weight, k_norm_weight, eps = (None, None, 0.0) if self.q_norm is None else (
+            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         key_cache, value_cache = kv_cache
-        self.ops.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        # q: [num_tokens, num_heads, head_dim], normed and rotated; k and v go to the cache
+        q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
+                                 value_cache, meta.slot_mapping)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 

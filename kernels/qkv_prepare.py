@@ -1,0 +1,174 @@
+"""Attention inputs from the fused qkv projection in one launch: optional q/k RMSNorm, rotary, KV-cache write."""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.reshape_and_cache import reshape_and_cache_ref
+from kernels.rms_norm import NORM_DTYPES, rms_norm_ref
+from kernels.rotary_embedding import rotary_embedding_ref
+
+
+@triton.jit
+def _normed_rotated_heads(
+    first_head_ptr, stride_h, weight_ptr, eps, cos, sin,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """One token's [NUM_HEADS, HEAD_DIM] rows, RMS-normalised over head_dim if HAS_NORM, then rotated.
+
+    Every element is loaded together with its rotate-half partner (dim d pairs with d +- HEAD_DIM / 2), so rows stay
+    whole and the sum of squares reduces in the same shape as kernels.rms_norm.
+    """
+    half = HEAD_DIM // 2
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    partner = tl.where(d < half, d + half, d - half)
+    mask = (h < NUM_HEADS) & (d < HEAD_DIM)
+    x = tl.load(first_head_ptr + h * stride_h + d, mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    x_partner = tl.load(first_head_ptr + h * stride_h + partner, mask=mask, other=0.0).to(tl.float32)
+
+    # -- RMSNorm in fp32, rounded to the input dtype before and after the weight multiply
+    if HAS_NORM:
+        inv_rms = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
+        w = tl.load(weight_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+        w_partner = tl.load(weight_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+        x = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+        x_partner = ((x_partner * inv_rms).to(dtype).to(tl.float32) * w_partner).to(dtype).to(tl.float32)
+
+    # -- rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) in fp32, rounded once
+    rotated_half = tl.where(d < half, -x_partner, x_partner)
+    return (x * cos + rotated_half * sin).to(dtype)
+
+
+@triton.jit
+def _prepare_qkv_kernel(
+    qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_weight_ptr, k_norm_weight_ptr, slot_mapping_ptr,
+    q_out_ptr, key_cache_ptr, value_cache_ptr,
+    stride_t, stride_h, stride_cs,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    eps,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    """Program `token` turns its row of the fused qkv projection (q heads, k heads, v heads) into attention inputs.
+
+    q and k heads get the optional RMSNorm (as kernels.rms_norm: fp32 statistics, rounded to the input dtype before
+    and after the weight multiply) and then NeoX rotary by the angles of positions[token] (as
+    kernels.rotary_embedding: cos_sin_cache row p holds cos then sin, fp32 math, one rounding). q goes to the contiguous
+    q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as kernels.reshape_and_cache),
+    skipped for a negative (padding) slot.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    row_ptr = qkv_ptr + token * stride_t
+    d = tl.arange(0, BLOCK_D)[None, :]
+
+    # -- cos/sin per dim: d and d + HEAD_DIM / 2 share one angle
+    half = HEAD_DIM // 2
+    angle = tl.where(d < half, d, d - half)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + angle, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + half + angle, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+
+    # -- q
+    h = tl.arange(0, BLOCK_H)[:, None]
+    q = _normed_rotated_heads(row_ptr, stride_h, q_norm_weight_ptr, eps, cos, sin,
+                              NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, HAS_NORM)
+    tl.store(q_out_ptr + (token * NUM_HEADS + h) * HEAD_DIM + d, q, mask=(h < NUM_HEADS) & (d < HEAD_DIM))
+
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:
+        return
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    kv_h = tl.arange(0, BLOCK_KV_H)[:, None]
+    kv_mask = (kv_h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    # -- k
+    k = _normed_rotated_heads(row_ptr + NUM_HEADS * stride_h, stride_h, k_norm_weight_ptr, eps, cos, sin,
+                              NUM_KV_HEADS, HEAD_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM)
+    tl.store(key_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_h * stride_kch + d, k, mask=kv_mask)
+    # -- v
+    v = tl.load(row_ptr + (NUM_HEADS + NUM_KV_HEADS + kv_h) * stride_h + d, mask=kv_mask)
+    tl.store(value_cache_ptr + block * stride_vcb + offset * stride_vcs + kv_h * stride_vch + d, v, mask=kv_mask)
+
+
+def prepare_qkv(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Returns a new contiguous q [num_tokens, num_heads, head_dim]; writes k and v into the caches in place.
+
+    qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim], q heads then k heads then v heads (e.g. a view of the
+    fused projection output; any token/head strides, head_dim contiguous); num_kv_heads is the caches' third dim.
+    q_norm_weight, k_norm_weight: [head_dim] RMSNorm weights applied per head before rotary (Qwen3), both or None.
+    positions: int32/int64 [num_tokens]; cos_sin_cache: [max_position, head_dim] from build_cos_sin_cache;
+    caches: [num_blocks, block_size, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], negative = skip.
+    """
+    if qkv.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(f"qkv {tuple(qkv.shape)} must be [num_tokens, heads, head_dim] and caches "
+                         f"{tuple(key_cache.shape)}/{tuple(value_cache.shape)} [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim]")
+    num_tokens, total_heads, head_dim = qkv.shape
+    num_kv_heads = key_cache.shape[2]
+    num_heads = total_heads - 2 * num_kv_heads
+    if num_heads < 1 or key_cache.shape[3] != head_dim:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold q heads plus 2 x {num_kv_heads} kv heads of the "
+                         f"caches' head_dim {key_cache.shape[3]}")
+    if qkv.dtype not in NORM_DTYPES or len({qkv.dtype, key_cache.dtype, value_cache.dtype}) != 1:
+        raise TypeError(f"qkv and caches must share one dtype of {NORM_DTYPES}, got {qkv.dtype}, {key_cache.dtype}, "
+                        f"{value_cache.dtype}")
+    if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(f"cos_sin_cache must be [max_position, {head_dim}] for an even head_dim, "
+                         f"got {tuple(cos_sin_cache.shape)}")
+    if positions.dtype not in (torch.int32, torch.int64) or positions.shape != (num_tokens,):
+        raise ValueError(f"positions must be int [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
+        raise ValueError(f"slot_mapping must be int64 [{num_tokens}], got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
+    has_norm = q_norm_weight is not None
+    if has_norm != (k_norm_weight is not None):
+        raise ValueError("q_norm_weight and k_norm_weight must be given together")
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if w is not None and (w.shape != (head_dim,) or not w.is_contiguous()):
+            raise ValueError(f"{name} must be contiguous [{head_dim}], got {tuple(w.shape)}")
+    for name, t in (("qkv", qkv), ("cos_sin_cache", cos_sin_cache), ("key_cache", key_cache),
+                    ("value_cache", value_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim, strides {t.stride()}")
+
+    q = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if num_tokens == 0:
+        return q
+    block_h, block_d = triton.next_power_of_2(num_heads), triton.next_power_of_2(head_dim)
+    # NOTE: not measured yet (kernels.bench times it): warps grow with the q tile as in kernels.rms_norm, so each
+    # thread keeps <= 16 elements of it in registers.
+    num_warps = min(max(block_h * block_d // 512, 1), 16)
+    _prepare_qkv_kernel[(num_tokens,)](
+        qkv, positions, cos_sin_cache, q_norm_weight if has_norm else qkv, k_norm_weight if has_norm else qkv,
+        slot_mapping, q, key_cache, value_cache,
+        qkv.stride(0), qkv.stride(1), cos_sin_cache.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        eps,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
+        num_warps=num_warps,
+    )
+    return q
+
+
+def prepare_qkv_ref(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """The unfused sequence in plain torch: split, rms_norm_ref, rotary_embedding_ref, reshape_and_cache_ref."""
+    num_kv_heads = key_cache.shape[2]
+    q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+    if q_norm_weight is not None:
+        q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
+    q, k = q.clone(memory_format=torch.contiguous_format), k.clone()  # rotated in place below; qkv stays untouched
+    rotary_embedding_ref(positions, q, k, cos_sin_cache)
+    reshape_and_cache_ref(k, v, key_cache, value_cache, slot_mapping)
+    return q
