@@ -18,7 +18,7 @@ from sluice.errors import InvalidArgument
 from sluice.logprobs import Logprobs
 
 RUNNING = RequestStatus.RUNNING
-MAX_STEPS_IN_FLIGHT = 2  # the step running on the worker and the one planned behind it
+MAX_STEPS_IN_FLIGHT = 3  # the step running on the worker and two queued behind it
 
 
 @dataclass(slots=True)

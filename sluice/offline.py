@@ -24,9 +24,9 @@ class OfflineResult:
 class OfflineEngine:
     def __init__(self, worker: WorkerEngine, block_size: int = 16, num_blocks: int = 0,
                  steps_in_flight: int | None = None, **scheduler_options):
-        """steps_in_flight: 2 launches step N + 1 before step N's outcome is in (the default on a GPU: the device
-        never waits for the host's bookkeeping); 1 finishes each step before planning the next (the default on the
-        CPU, where a step computes as it is launched, so there is nothing to overlap)."""
+        """steps_in_flight: how many steps are launched before the oldest one's outcome is applied. On a GPU the
+        default is the scheduler's limit, so the device never waits for the host's bookkeeping; on the CPU it is 1
+        (a step computes as it is launched there, so there is nothing to overlap)."""
         max_model_len = min(scheduler_options.pop("max_model_len", 8192),
                             worker.model_config.max_position_embeddings)
         config = SchedulerConfig(num_blocks=max(num_blocks, 1), block_size=block_size, max_model_len=max_model_len,

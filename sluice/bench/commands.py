@@ -70,6 +70,11 @@ def _workload(args) -> list[BenchRequest]:
                            args.seed)
 
 
+def _warm_up(args) -> list[BenchRequest]:
+    """Four requests drawn like the workload's, from another seed: they hit no prefix cache in the timed run."""
+    return random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args), args.seed + 1)
+
+
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
     from sluice.bench.grpc_load import run_load
     from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
@@ -79,7 +84,7 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
-        asyncio.run(run_load(layout.router_address, requests[:4]))  # warm-up
+        asyncio.run(run_load(layout.router_address, _warm_up(args)))
         traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
     finally:
         stop_services(processes)
@@ -112,7 +117,7 @@ def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
 
 def _in_process(args, requests: list[BenchRequest]) -> dict:
     engine = _offline_engine(args, enable_prefix_caching=not args.no_prefix_caching)
-    _timed_generate(engine, requests[:4])  # warm-up
+    _timed_generate(engine, _warm_up(args))
     output_tokens, duration = _timed_generate(engine, requests)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     return {"name": "sluice (in process)", "requests": len(requests), "duration_s": duration,
@@ -151,7 +156,7 @@ def _latency(args) -> None:
     if args.in_process:
         # time per output token after the first: a whole generation less one of a single token, no prefix cache
         engine = _offline_engine(args, enable_prefix_caching=False)
-        _timed_generate(engine, requests[:1])  # warm-up
+        _timed_generate(engine, _warm_up(args)[:1])
         per_token = []
         for request in requests:
             _, first_token = _timed_generate(engine, [replace(request, max_tokens=1)])

@@ -1,6 +1,7 @@
 import pytest
 
 from scheduler_svc.request import FinishReason
+from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
 from sched_testkit import EOS, FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 
@@ -123,23 +124,25 @@ def test_router_can_finish_with_stop():
     assert not scheduler.has_unfinished_requests()
 
 
-def test_next_step_is_planned_while_one_runs_but_not_a_third():
+def test_steps_are_planned_ahead_up_to_the_limit():
     scheduler = make_scheduler(num_blocks=16)
-    scheduler.add_request(make_request("a", 4, max_tokens=3))
+    scheduler.add_request(make_request("a", 4, max_tokens=MAX_STEPS_IN_FLIGHT + 1))
     worker = FakeWorker(block_size=16)
-    prefill, decode = scheduler.schedule(), scheduler.schedule()
-    assert prefill.num_scheduled_tokens == {"a": 4} and decode.num_scheduled_tokens == {"a": 1}
-    assert decode.cached_requests[0].num_computed_tokens == 4  # the worker feeds its own sampled token forward
+    plans = [scheduler.schedule() for _ in range(MAX_STEPS_IN_FLIGHT)]
+    assert [p.num_scheduled_tokens for p in plans] == [{"a": 4}] + [{"a": 1}] * (MAX_STEPS_IN_FLIGHT - 1)
+    # the worker feeds its own sampled tokens forward
+    assert [p.cached_requests[0].num_computed_tokens for p in plans[1:]] == list(range(4, 3 + MAX_STEPS_IN_FLIGHT))
     with pytest.raises(RuntimeError):
         scheduler.schedule()
-    outcomes = [worker.execute(prefill), worker.execute(decode)]
-    first = scheduler.update_from_outcome(prefill, outcomes[0])
-    third = scheduler.schedule()  # max_tokens=3: the two tokens in flight leave room for one more
-    second = scheduler.update_from_outcome(decode, outcomes[1])
-    assert scheduler.schedule().num_scheduled_tokens == {}  # the third token is in flight and is the last
-    last = scheduler.update_from_outcome(third, worker.execute(third))
-    assert [u.new_token_ids[0] for u in first + second + last] == worker.sampled_log["a"]
-    assert last[0].finish_reason is FinishReason.LENGTH
+    outcomes = [worker.execute(plan) for plan in plans]
+    updates = scheduler.update_from_outcome(plans[0], outcomes[0])
+    last = scheduler.schedule()  # the tokens in flight leave room for one more
+    for plan, outcome in zip(plans[1:], outcomes[1:]):
+        updates += scheduler.update_from_outcome(plan, outcome)
+    assert scheduler.schedule().num_scheduled_tokens == {}  # the last token is in flight
+    updates += scheduler.update_from_outcome(last, worker.execute(last))
+    assert [u.new_token_ids[0] for u in updates] == worker.sampled_log["a"]
+    assert updates[-1].finish_reason is FinishReason.LENGTH
 
 
 def test_outcome_of_another_step_is_refused():

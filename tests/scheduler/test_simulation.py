@@ -29,9 +29,9 @@ def _request_specs(rng: random.Random):
     return specs
 
 
-@pytest.mark.parametrize("steps_in_flight", [1, 2], ids=["synchronous", "async"])
+@pytest.mark.parametrize("steps_in_flight", [1, 2, 3], ids=["synchronous", "async", "async-3"])
 def test_random_workload_finishes_every_request_within_a_step_bound(steps_in_flight):
-    """With two steps in flight, step N + 1 is planned before step N's outcome is applied, as the engine loop does;
+    """With several steps in flight, step N + 1 is planned before step N's outcome is applied, as the engine loop does;
     the fake worker runs the plans in order, feeding its own sampled tokens forward."""
     rng = random.Random(1234)
     scheduler = make_scheduler(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,

@@ -1,4 +1,4 @@
-"""The in-process engine (real Scheduler + WorkerEngine; one or two steps launched ahead) against HF greedy."""
+"""The in-process engine (real Scheduler + WorkerEngine; up to three steps launched ahead) against HF greedy."""
 import pytest
 
 from sluice.offline import OfflineEngine
@@ -8,7 +8,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 
 
-@pytest.mark.parametrize("steps_in_flight", [1, 2])
+@pytest.mark.parametrize("steps_in_flight", [1, 2, 3])
 def test_in_process_engine_matches_hf(default_model_dir, hf_model, hf_tokenizer, steps_in_flight):
     prompts = [hf_tokenizer(text).input_ids for text in ("The capital of France is", "def add(a, b):",
                                                           "Three primary colours are")]
