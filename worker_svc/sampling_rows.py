@@ -1,5 +1,8 @@
 """Every live request's sampling parameters and history in one row of persistent tensors: a step gathers the rows of
-the requests it samples instead of rebuilding them from Python lists, and records the sampled tokens in place."""
+the requests it samples instead of rebuilding them from Python lists, and records the sampled tokens in place.
+
+A joining request's row is staged on the host and uploaded with the next gather, in one asynchronous copy per table:
+writing device tensors element by element from Python would make the host wait for the device."""
 from dataclasses import dataclass
 
 import torch
@@ -8,11 +11,10 @@ from sluice.sampling_params import SamplingParams
 from worker_svc.sampler import Penalties, SamplingTensors, SparseLogits
 
 _INITIAL_ROWS = 16
-_SCALARS = {
-    "temperature": torch.float32, "top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32,
-    "presence": torch.float32, "frequency": torch.float32, "repetition": torch.float32,
-    "num_output": torch.int64, "min_tokens": torch.int64,
-}
+_FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns
+_INTS = ("top_k", "num_output", "min_tokens", "seed_low", "seed_high")  # int64 columns
+_F = {name: i for i, name in enumerate(_FLOATS)}
+_I = {name: i for i, name in enumerate(_INTS)}
 
 
 @dataclass(slots=True)
@@ -21,22 +23,43 @@ class _Row:
     params: SamplingParams
 
 
+def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device, copied without waiting for the device (through pinned memory on a GPU)."""
+    host = torch.tensor(values, dtype=dtype)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 class PaddedTable:
     """A list of (token id, value) pairs per row, of any length, padded with token id `pad_id` and value 0."""
 
     def __init__(self, num_rows: int, pad_id: int, device: torch.device):
         self.pad_id = pad_id
+        self.device = device
         self.ids = torch.full((num_rows, 0), pad_id, dtype=torch.int64, device=device)
         self.values = torch.zeros(num_rows, 0, device=device)
+        self._staged: dict[int, tuple[list[int], list[float]]] = {}
+        self._filled: set[int] = set()  # rows that hold pairs on the device
 
     def set_row(self, row: int, ids: list[int], values: list[float]) -> None:
-        if len(ids) > self.ids.shape[1]:
-            self.ids = _pad(self.ids, 1, len(ids) - self.ids.shape[1], self.pad_id)
-            self.values = _pad(self.values, 1, len(ids) - self.values.shape[1], 0.0)
-        self.ids[row] = self.pad_id
-        self.values[row] = 0.0
-        self.ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        self.values[row, :len(ids)] = torch.tensor(values, dtype=torch.float32)
+        if ids or row in self._filled:
+            self._staged[row] = (ids, values)
+
+    def flush(self) -> None:
+        if not self._staged:
+            return
+        width = max(self.ids.shape[1], *(len(ids) for ids, _ in self._staged.values()))
+        if width > self.ids.shape[1]:
+            self.ids = _pad(self.ids, 1, width - self.ids.shape[1], self.pad_id)
+            self.values = _pad(self.values, 1, width - self.values.shape[1], 0.0)
+        rows = upload(list(self._staged), torch.int64, self.device)
+        padding = [width - len(ids) for ids, _ in self._staged.values()]
+        self.ids[rows] = upload([ids + [self.pad_id] * pad for (ids, _), pad in zip(self._staged.values(), padding)],
+                                torch.int64, self.device)
+        self.values[rows] = upload([values + [0.0] * pad for (_, values), pad in zip(self._staged.values(), padding)],
+                                   torch.float32, self.device)
+        self._filled.update(row for row, (ids, _) in self._staged.items() if ids)
+        self._filled.difference_update(row for row, (ids, _) in self._staged.items() if not ids)
+        self._staged.clear()
 
     def add_rows(self, num_rows: int) -> None:
         self.ids = _pad(self.ids, 0, num_rows, self.pad_id)
@@ -50,9 +73,9 @@ class SamplingRows:
         self.device = device
         self._rows: dict[str, _Row] = {}
         self._free = list(range(_INITIAL_ROWS - 1, -1, -1))
-        self._scalars = {name: torch.zeros(_INITIAL_ROWS, dtype=dtype, device=device)
-                         for name, dtype in _SCALARS.items()}
-        self._seeds = torch.zeros(_INITIAL_ROWS, 2, dtype=torch.int64, device=device)  # low, high 32 bits
+        self._floats = torch.zeros(_INITIAL_ROWS, len(_FLOATS), device=device)
+        self._ints = torch.zeros(_INITIAL_ROWS, len(_INTS), dtype=torch.int64, device=device)
+        self._staged: dict[int, tuple[list[float], list[int]]] = {}  # row -> (floats, ints) to upload
         self._logit_bias = PaddedTable(_INITIAL_ROWS, vocab_size, device)
         self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
         # allocated with the first request that has penalties; rows of other requests hold stale history
@@ -65,14 +88,11 @@ class SamplingRows:
             self._grow()
         row = self._rows[request_id] = _Row(self._free.pop(), params)
         i = row.index
-        values = {"temperature": 0.0 if params.greedy else params.temperature,
-                  "top_k": params.top_k if params.top_k > 0 else self.vocab_size, "top_p": params.top_p,
-                  "min_p": params.min_p, "presence": params.presence_penalty, "frequency": params.frequency_penalty,
-                  "repetition": params.repetition_penalty, "num_output": len(output_ids),
-                  "min_tokens": params.min_tokens}
-        for name, value in values.items():
-            self._scalars[name][i] = value
-        self._seeds[i, 0], self._seeds[i, 1] = seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF
+        floats = [0.0 if params.greedy else params.temperature, params.top_p, params.min_p, params.presence_penalty,
+                  params.frequency_penalty, params.repetition_penalty]
+        ints = [params.top_k if params.top_k > 0 else self.vocab_size, len(output_ids), params.min_tokens,
+                seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF]
+        self._staged[i] = (floats, ints)
         self._logit_bias.set_row(i, list(params.logit_bias), list(params.logit_bias.values()))
         bans = self.eos_token_ids + params.stop_token_ids if params.min_tokens else []
         self._min_tokens_bans.set_row(i, bans, [float("-inf")] * len(bans))
@@ -93,22 +113,25 @@ class SamplingRows:
     def gather(self, request_ids: list[str], index: torch.Tensor) -> SamplingTensors:
         """The SamplingTensors (less the structured-output mask) of the requests, whose rows (`indices`) are `index`,
         already on the device."""
+        self._flush()
         params = [self._rows[request_id].params for request_id in request_ids]
-        column = {name: tensor[index] for name, tensor in self._scalars.items()}
+        floats, ints = self._floats[index], self._ints[index]
+        num_output = ints[:, _I["num_output"]]
         tensors = SamplingTensors(
-            temperature=column["temperature"], top_k=column["top_k"], top_p=column["top_p"], min_p=column["min_p"],
-            seeds=self._seeds[index], output_positions=column["num_output"],
-            all_greedy=all(p.greedy for p in params),
+            temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
+            min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
+            output_positions=num_output, all_greedy=all(p.greedy for p in params),
             needs_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
         )
         if any(p.has_penalties for p in params):
-            tensors.penalties = Penalties(column["presence"], column["frequency"], column["repetition"],
-                                          self._output_counts[index], self._prompt_mask[index])
+            tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
+                                          floats[:, _F["repetition"]], self._output_counts[index],
+                                          self._prompt_mask[index])
         sparse = []
         if any(p.logit_bias for p in params):
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
         if any(p.min_tokens for p in params):
-            still_short = (column["num_output"] < column["min_tokens"]).unsqueeze(1)
+            still_short = (num_output < ints[:, _I["min_tokens"]]).unsqueeze(1)
             bans = self._min_tokens_bans
             sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
         if sparse:
@@ -118,25 +141,34 @@ class SamplingRows:
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Counts one sampled token for each row in `index`."""
-        self._scalars["num_output"][index] += 1
+        self._ints[index, _I["num_output"]] += 1
         if self._output_counts is not None:
             ones = torch.ones_like(token_ids, dtype=torch.int32)
             self._output_counts.index_put_((index, token_ids), ones, accumulate=True)
 
+    def _flush(self) -> None:
+        if self._staged:
+            rows = upload(list(self._staged), torch.int64, self.device)
+            self._floats[rows] = upload([floats for floats, _ in self._staged.values()], torch.float32, self.device)
+            self._ints[rows] = upload([ints for _, ints in self._staged.values()], torch.int64, self.device)
+            self._staged.clear()
+        self._logit_bias.flush()
+        self._min_tokens_bans.flush()
+
     def _set_history(self, i: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         if self._output_counts is None:
-            num_rows = len(self._scalars["num_output"])
+            num_rows = self._ints.shape[0]
             self._output_counts = torch.zeros(num_rows, self.vocab_size, dtype=torch.int32, device=self.device)
             self._prompt_mask = torch.zeros(num_rows, self.vocab_size, dtype=torch.bool, device=self.device)
-        outputs = torch.tensor(output_ids, dtype=torch.int64, device=self.device)
+        outputs = upload(output_ids, torch.int64, self.device)
         self._output_counts[i] = torch.bincount(outputs, minlength=self.vocab_size)
         self._prompt_mask[i] = False
-        self._prompt_mask[i, torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)] = True
+        self._prompt_mask[i, upload(prompt_ids, torch.int64, self.device)] = True
 
     def _grow(self) -> None:
-        num_rows = len(self._scalars["num_output"])
-        self._scalars = {name: _pad(tensor, 0, num_rows, 0) for name, tensor in self._scalars.items()}
-        self._seeds = _pad(self._seeds, 0, num_rows, 0)
+        num_rows = self._ints.shape[0]
+        self._floats = _pad(self._floats, 0, num_rows, 0)
+        self._ints = _pad(self._ints, 0, num_rows, 0)
         self._logit_bias.add_rows(num_rows)
         self._min_tokens_bans.add_rows(num_rows)
         if self._output_counts is not None:

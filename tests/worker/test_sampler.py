@@ -205,15 +205,17 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
     rows = _rows({}, device)
     for i in range(40):
         rows.add(f"r{i}", SamplingParams(temperature=0.5, logit_bias={i: 1.0}, repetition_penalty=1.1), 0, [i], [])
+    _gather(rows, [f"r{i}" for i in range(40)])  # uploads every row
     for i in range(0, 40, 2):
         rows.remove(f"r{i}")
-    rows.add("late", SamplingParams(temperature=0.0, min_tokens=2), 0, [1], [])
+    rows.add("late", SamplingParams(temperature=0.0, min_tokens=2), 0, [1], [])  # takes r38's row
     ids = ["r39", "late", "r1"]
     tensors = _gather(rows, ids)
     assert tensors.temperature.tolist() == [0.5, 0.0, 0.5]
     assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
     assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
+    assert out[1, 38] == 0.0  # r38's bias left the row with it
 
 
 def test_seeded_uniform_is_exact_integer_arithmetic_on_every_device(device):
