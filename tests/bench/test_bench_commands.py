@@ -1,0 +1,45 @@
+"""`sluice bench` run for real on the default model: the in-process engine, the full gRPC stack (three service
+processes) and the Hugging Face baseline, each on the same tiny workload; JSON reports checked against the workload."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sluice.bench.hf_baseline import output_len
+from sluice.bench.workload import random_workload
+
+WORKLOAD = ["--num-requests", "4", "--input-len", "8", "16", "--output-len", "3", "6"]
+
+
+def _bench(tmp_path, *args: str) -> dict:
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "-m", "sluice.cli", "--log-level", "WARNING", "bench", *args, *WORKLOAD,
+                    "--out", str(out)], check=True, timeout=600)
+    return json.loads(out.read_text())
+
+
+def _output_tokens(result: dict) -> float:
+    return result["output_tokens_per_s"] * result["duration_s"]
+
+
+@pytest.mark.parametrize("mode", [["--in-process", "--baseline", "hf"], []], ids=["in-process+hf", "grpc"])
+def test_throughput_reports_every_requested_token(tmp_path, default_model_dir, mode):
+    report = _bench(tmp_path, "throughput", *mode)
+    workload = random_workload(4, (8, 16), (3, 6), 49152)
+    sluice, *baselines = report["results"]
+    assert sluice["name"] == ("sluice (in process)" if mode else "sluice (gRPC stack)")
+    assert sluice["requests"] == 4
+    assert _output_tokens(sluice) == pytest.approx(sum(r.max_tokens for r in workload))  # ignore_eos: every token
+    assert [b["name"] for b in baselines] == (
+        ["hf generate (static batches)", "hf generate_batch (continuous)"] if mode else [])
+    for baseline in baselines:  # HF generates the workload's mean output length for every request
+        assert baseline["output_tokens"] == output_len(workload) * 4
+        assert baseline["sluice_speedup"] == pytest.approx(
+            sluice["output_tokens_per_s"] / baseline["output_tokens_per_s"])
+
+
+def test_latency_in_process_times_tokens_after_the_first(tmp_path, default_model_dir):
+    report = _bench(tmp_path, "latency", "--in-process")
+    (result,) = report["results"]
+    assert 0 < result["ms_per_token"] < 10_000
