@@ -39,7 +39,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
         --input-len 1024 1024 --output-len 256 256 --vocab-size 128256 --out "$OUT/serve.json" 2>/dev/null | tail -12
       kill $server; wait $server ;;
     kernels)
-      timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
+      timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 kernels/bench.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
   esac
 done
