@@ -8,7 +8,7 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_link import LinkLost, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
-from router.validation import validate_prompt, validate_sampling
+from router.validation import truncate_prompt, validate_prompt, validate_sampling
 from sluice.errors import InvalidArgument
 from sluice.sampling_params import SamplingParams
 from sluice.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
@@ -67,6 +67,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             token_ids = list(request.tokens.ids)
         else:
             raise InvalidArgument("input", "set one of text, tokens or chat")
+        sampling = request.sampling
+        token_ids = truncate_prompt(token_ids, sampling.truncate_prompt_tokens
+                                    if sampling.HasField("truncate_prompt_tokens") else None)
         validate_prompt(token_ids, self.tokenizer.vocab_size, self.model_info.max_model_len, kind)
         return token_ids
 

@@ -26,10 +26,20 @@ def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, f
     _check_token_ids(field, token_ids, vocab_size)
 
 
+def truncate_prompt(token_ids: list[int], keep_last: int | None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep_last` tokens (all of them when None)."""
+    if keep_last is None:
+        return token_ids
+    if keep_last < 1:
+        raise InvalidArgument("sampling.truncate_prompt_tokens", f"must be >= 1, got {keep_last}")
+    return token_ids[-keep_last:]
+
+
 def validate_sampling(params: SamplingParams, num_prompt_tokens: int, max_model_len: int, vocab_size: int) -> None:
     _check_lengths(params, num_prompt_tokens, max_model_len)
     _check_distribution(params)
     _check_penalties(params, vocab_size)
+    _check_token_ids("sampling.allowed_token_ids", params.allowed_token_ids, vocab_size)
     _check_stops(params, vocab_size)
     _check_counts(params)
     _check_constraint(params)
@@ -98,6 +108,8 @@ def _check_constraint(params: SamplingParams) -> None:
     field = f"sampling.{name}"
     if params.min_tokens:
         raise InvalidArgument(field, "structured output cannot be combined with min_tokens")
+    if params.allowed_token_ids:
+        raise InvalidArgument(field, "structured output cannot be combined with allowed_token_ids")
     spec = getattr(params, name)
     if len(json.dumps(spec)) > MAX_CONSTRAINT_CHARS:
         raise InvalidArgument(field, f"longer than {MAX_CONSTRAINT_CHARS} characters")

@@ -22,6 +22,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] = field(default_factory=list)  # empty: any token
+    truncate_prompt_tokens: int | None = None  # the router keeps only the prompt's last k tokens
     stop: list[str] = field(default_factory=list)  # stop strings, matched by the router
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely alternatives

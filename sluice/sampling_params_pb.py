@@ -5,7 +5,7 @@ from sluice.v1 import generation_pb2 as pb
 
 _OPTIONAL_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens", "ignore_eos", "n",
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "include_stop_str_in_output",
-                    "logprobs", "prompt_logprobs")
+                    "logprobs", "prompt_logprobs", "truncate_prompt_tokens")
 _STRING_CONSTRAINTS = ("json_schema", "regex", "grammar")
 
 
@@ -17,7 +17,8 @@ def sampling_params_from_pb(message: pb.SamplingParams, defaults: SamplingParams
     elif constraint is not None:
         values[constraint] = getattr(message, constraint)
     return replace(defaults or SamplingParams(), **values, stop_token_ids=list(message.stop_token_ids),
-                   logit_bias=dict(message.logit_bias), stop=list(message.stop))
+                   logit_bias=dict(message.logit_bias), stop=list(message.stop),
+                   allowed_token_ids=list(message.allowed_token_ids))
 
 
 def sampling_params_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -26,4 +27,4 @@ def sampling_params_to_pb(params: SamplingParams) -> pb.SamplingParams:
     if params.choice is not None:
         values["choice"] = pb.Choice(values=params.choice)
     return pb.SamplingParams(**values, stop_token_ids=params.stop_token_ids, logit_bias=params.logit_bias,
-                             stop=params.stop)
+                             stop=params.stop, allowed_token_ids=params.allowed_token_ids)

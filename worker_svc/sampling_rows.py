@@ -78,6 +78,7 @@ class SamplingRows:
         self._staged: dict[int, tuple[list[float], list[int]]] = {}  # row -> (floats, ints) to upload
         self._logit_bias = PaddedTable(_INITIAL_ROWS, vocab_size, device)
         self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
+        self._allowed = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # allowed_token_ids (values unused)
         # allocated with the first request that has penalties; rows of other requests hold stale history
         self._output_counts: torch.Tensor | None = None  # [rows, vocab] int32
         self._prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
@@ -96,6 +97,7 @@ class SamplingRows:
         self._logit_bias.set_row(i, list(params.logit_bias), list(params.logit_bias.values()))
         bans = self.eos_token_ids + params.stop_token_ids if params.min_tokens else []
         self._min_tokens_bans.set_row(i, bans, [float("-inf")] * len(bans))
+        self._allowed.set_row(i, params.allowed_token_ids, [0.0] * len(params.allowed_token_ids))
         if params.has_penalties:
             self._set_history(i, prompt_ids, output_ids)
 
@@ -111,8 +113,8 @@ class SamplingRows:
         return [self._rows[request_id].index for request_id in request_ids]
 
     def gather(self, request_ids: list[str], index: torch.Tensor) -> SamplingTensors:
-        """The SamplingTensors (less the structured-output mask) of the requests, whose rows (`indices`) are `index`,
-        already on the device."""
+        """The SamplingTensors of the requests, whose rows (`indices`) are `index`, already on the device; `allowed`
+        holds allowed_token_ids only (the structured-output mask is the caller's)."""
         self._flush()
         params = [self._rows[request_id].params for request_id in request_ids]
         floats, ints = self._floats[index], self._ints[index]
@@ -137,6 +139,10 @@ class SamplingRows:
         if sparse:
             tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
                                           torch.cat([values for _, values in sparse], dim=1))
+        if any(p.allowed_token_ids for p in params):
+            listed = torch.zeros(len(params), self.vocab_size + 1, dtype=torch.bool, device=self.device)
+            listed = listed.scatter_(1, self._allowed.ids[index], True)[:, :self.vocab_size]  # padding lands past it
+            tensors.allowed = listed | ~listed.any(dim=1, keepdim=True)  # a row with no list allows every token
         return tensors
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
@@ -152,8 +158,8 @@ class SamplingRows:
             self._floats[rows] = upload([floats for floats, _ in self._staged.values()], torch.float32, self.device)
             self._ints[rows] = upload([ints for _, ints in self._staged.values()], torch.int64, self.device)
             self._staged.clear()
-        self._logit_bias.flush()
-        self._min_tokens_bans.flush()
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed):
+            table.flush()
 
     def _set_history(self, i: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         if self._output_counts is None:
@@ -169,8 +175,8 @@ class SamplingRows:
         num_rows = self._ints.shape[0]
         self._floats = _pad(self._floats, 0, num_rows, 0)
         self._ints = _pad(self._ints, 0, num_rows, 0)
-        self._logit_bias.add_rows(num_rows)
-        self._min_tokens_bans.add_rows(num_rows)
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed):
+            table.add_rows(num_rows)
         if self._output_counts is not None:
             self._output_counts = _pad(self._output_counts, 0, num_rows, 0)
             self._prompt_mask = _pad(self._prompt_mask, 0, num_rows, False)

@@ -61,7 +61,9 @@ class StepSampler:
                 groups.append((request_id, 1, num_top))
                 logprob_rows.append(i)
         raw = logits[logprob_rows] if groups else None
-        tensors.allowed = self.grammars.allowed_tokens(request_ids)
+        grammar_allowed = self.grammars.allowed_tokens(request_ids)
+        if grammar_allowed is not None:
+            tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
         token_ids = sample_tokens(logits, tensors)
         self.rows.record(rows, token_ids)
         return DeviceSample(request_ids, token_ids, raw, logprob_rows, groups)

@@ -86,6 +86,9 @@ def test_abort_rpc_ends_the_stream(services):
     (text_request("hi", regex="[a-"), "sampling.regex"),
     (text_request("hi", choice=[]), "sampling.choice"),
     (text_request("hi", grammar="start: undefined_rule"), "sampling.grammar"),
+    (text_request("hi", regex="a+", allowed_token_ids=[5]), "sampling.regex"),
+    (text_request("hi", allowed_token_ids=[5, 10**7]), "sampling.allowed_token_ids"),
+    (text_request("hi", truncate_prompt_tokens=0), "sampling.truncate_prompt_tokens"),
 ])
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(services, request_, field):
     with pytest.raises(grpc.RpcError) as error:

@@ -157,3 +157,25 @@ def test_logit_bias_forces_a_token(services, hf_tokenizer):
     result = services.client.generate(text_request("I like", temperature=0.0, max_tokens=4,
                                                    logit_bias={forced: 100.0}))
     assert result.token_ids == [forced] * 4
+
+
+def test_allowed_token_ids_match_hf_with_every_other_token_suppressed(services, hf_model, hf_tokenizer):
+    prompt_ids = hf_tokenizer("My three favourite fruits are").input_ids
+    allowed = [hf_tokenizer(word).input_ids[-1] for word in (" apples", " pears", ",", " and", " plums")]
+    suppressed = sorted(set(range(hf_model.config.vocab_size)) - set(allowed))
+    with torch.inference_mode():
+        expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=8, do_sample=False,
+                                     suppress_tokens=suppressed)[0, len(prompt_ids):].tolist()
+    result = services.client.generate(_tokens_request(prompt_ids, temperature=0.0, max_tokens=8,
+                                                      allowed_token_ids=allowed))
+    assert result.token_ids == expected
+    assert set(result.token_ids) <= set(allowed)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_tail(services, hf_tokenizer):
+    prompt_ids = hf_tokenizer("Once upon a time, in a land far away, there lived a fox who").input_ids
+    truncated = services.client.generate(_tokens_request(prompt_ids, temperature=0.0, max_tokens=6,
+                                                         truncate_prompt_tokens=5))
+    tail = services.client.generate(_tokens_request(prompt_ids[-5:], temperature=0.0, max_tokens=6))
+    assert truncated.usage["prompt_tokens"] == 5
+    assert truncated.token_ids == tail.token_ids

@@ -138,6 +138,18 @@ def test_penalties_and_bias_apply_per_row_in_a_mixed_batch(device):
     assert out[2, 7] == logits[2, 7] + 3.0 and torch.equal(out[2, :7], logits[2, :7])
 
 
+def test_allowed_token_ids_restrict_only_their_row(device):
+    requests = {"free": (SamplingParams(temperature=0.0), [1], []),
+                "listed": (SamplingParams(temperature=0.0, allowed_token_ids=[3, 17, 40]), [1], []),
+                "sampled": (SamplingParams(temperature=1.0, seed=3, allowed_token_ids=[8, 9]), [1], [])}
+    tensors = _gather(_rows(requests, device), list(requests))
+    logits = _logits(3, device)
+    tokens = sample(logits.clone(), tensors).tolist()
+    assert tokens[0] == logits[0].argmax()
+    assert tokens[1] == [3, 17, 40][int(logits[1, [3, 17, 40]].argmax())]
+    assert tokens[2] in (8, 9)
+
+
 def test_all_greedy_batch_is_the_argmax_of_the_untouched_logits(device):
     requests = {f"r{i}": (SamplingParams(temperature=0.0), [1], []) for i in range(4)}
     tensors = _gather(_rows(requests, device), list(requests))
