@@ -85,7 +85,7 @@ class StepInputBuilder:
 
     def _to_device(self, dtype: torch.dtype, arrays: list) -> list[torch.Tensor]:
         """Packs arrays into one host buffer (pinned on a GPU) and copies it to the device at once. Each array starts
-        16 bytes into alignment, as Triton compiles a kernel once per alignment of its pointer arguments."""
+        at a 16-byte-aligned offset: Triton compiles a kernel once per alignment of its pointer arguments."""
         arrays = [np.asarray(a) for a in arrays]
         align = 16 // dtype.itemsize
         starts = np.cumsum([0] + [-(-a.size // align) * align for a in arrays])
