@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_kv import attend_kv_tiles, check_paged_kv, dot_config
+from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
 from kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
@@ -38,7 +38,7 @@ def _paged_decode_attention_kernel(
 
     The context [0, seq_len) is cut into NUM_SPLITS slices of equal length (rounded up to whole BLOCK_N tiles; the
     last slices may be short or empty). The group's GROUP query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded
-    once, and each K/V tile, gathered through the block table, is read once for the whole group (attend_kv_tiles:
+    once, and each K/V tile, gathered through the block table, is read once for the whole group (attend_kv_range:
     online softmax in base 2, unmasked over whole tiles, masked over the slice's last partial tile).
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
     log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
@@ -71,14 +71,10 @@ def _paged_decode_attention_kernel(
     bt_row = block_tables_ptr + seq * stride_bt
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     q_pos = tl.full([BLOCK_G], 0, tl.int32) + seq_len - 1  # the new token is the context's last position
-    acc, l, m = attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, start, full_end, scale_log2,
+    acc, l, m = attend_kv_range(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, start, full_end, end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
-    acc, l, m = attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, full_end, end, scale_log2,
-        stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION)
 
     # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
     nonempty = l > 0

@@ -18,7 +18,27 @@ def _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE: tl.constexpr, 
 
 
 @triton.jit
-def attend_kv_tiles(
+def attend_kv_range(
+    acc, l, m, q, q_pos,
+    k_ptr, v_ptr, block_table_row_ptr, start, full_end, end, scale_log2,
+    stride_kb, stride_kt, stride_vb, stride_vt,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax attention of q to context positions [start, end): the whole tiles of [start, full_end), which
+    every row sees in full, on the unmasked fast path, then [full_end, end) masked (see _attend_kv_tiles)."""
+    acc, l, m = _attend_kv_tiles(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, block_table_row_ptr, start, full_end, scale_log2,
+        stride_kb, stride_kt, stride_vb, stride_vt,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
+    return _attend_kv_tiles(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, block_table_row_ptr, full_end, end, scale_log2,
+        stride_kb, stride_kt, stride_vb, stride_vt,
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
+
+
+@triton.jit
+def _attend_kv_tiles(
     acc, l, m, q, q_pos,
     k_ptr, v_ptr, block_table_row_ptr, start, end, scale_log2,
     stride_kb, stride_kt, stride_vb, stride_vt,

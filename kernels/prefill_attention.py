@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_kv import attend_kv_tiles, check_paged_kv, dot_config
+from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # they change every step: compile once
@@ -30,7 +30,7 @@ def _paged_prefill_attention_kernel(
     block table, is read once for the whole group; BLOCK_Q = BLOCK_M // GROUP and rows past BLOCK_Q * GROUP idle.
     A chunk is the last q_len tokens of a context of seq_len, so chunk token t sits at absolute position
     seq_len - q_len + t and sees keys at positions <= that (the cached prefix and the causal part of the chunk).
-    attend_kv_tiles runs the online softmax: unmasked over the KV tiles that end before the tile's first query
+    attend_kv_range runs the online softmax: unmasked over the KV tiles that end before the tile's first query
     position, causally masked from there to the tile's last one. Every row sees position 0, so no row is all -inf.
     """
     pid = tl.program_id(0)
@@ -74,14 +74,10 @@ def _paged_prefill_attention_kernel(
     bt_row = block_tables_ptr + seq * stride_bt
     full_end = (prefix_len + tile * BLOCK_Q) // BLOCK_N * BLOCK_N
     kv_end = prefix_len + tl.minimum((tile + 1) * BLOCK_Q, q_len)  # one past the tile's last query position
-    acc, l, m = attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, 0, full_end, scale_log2,
+    acc, l, m = attend_kv_range(
+        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, 0, full_end, kv_end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
-    acc, l, m = attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, full_end, kv_end, scale_log2,
-        stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION)
 
     # -- normalise and write the valid rows
     o = acc / l[:, None]
