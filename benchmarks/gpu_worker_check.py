@@ -12,26 +12,18 @@ from scheduler_svc.request import Request
 from sluice.offline import OfflineEngine
 from sluice.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
-from worker_svc.dummy_weights import dummy_checkpoint
 from worker_svc.engine import WorkerEngine
-from worker_svc.model_config import ModelConfig
-from worker_svc.weights import to_worker_layout
-
-def _engine(shape: str, hf_config: dict, state: dict, enforce_eager: bool = False) -> WorkerEngine:
-    config = ModelConfig.from_hf(hf_config)
-    worker_config = WorkerConfig(model=shape, load_format="dummy", dtype="bfloat16", device="cuda",
-                                 enforce_eager=enforce_eager, gpu_memory_utilization=0.8)
-    return WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
 
 
 def decode_step_ms(shape: str, batch: int, enforce_eager: bool, context: int = 512, steps: int = 50) -> float:
-    hf_config, state = dummy_checkpoint(shape, torch.bfloat16, torch.device("cuda"))
-    engine = OfflineEngine(_engine(shape, hf_config, state, enforce_eager), max_model_len=4096, max_num_seqs=256)
+    worker = WorkerEngine.load(WorkerConfig(model=shape, load_format="dummy", dtype="bfloat16", device="cuda",
+                                            enforce_eager=enforce_eager, gpu_memory_utilization=0.8))
+    engine = OfflineEngine(worker, max_model_len=4096, max_num_seqs=256)
     prompts = [[(i * 7 + j) % 1000 for j in range(context)] for i in range(batch)]
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     engine.generate(prompts, [params] * batch)  # warm-up
     params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
-    scheduler, worker = engine.scheduler, engine.worker
+    scheduler = engine.scheduler
     for i, prompt in enumerate(prompts):
         scheduler.add_request(Request(f"timed-{i}", prompt, params))
     times = []
