@@ -7,6 +7,7 @@
 #   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
 #   serve       8 req/s of 1k in / 256 out on Llama-3.1-8B against `sluice serve`
 #   kernels     the kernel tests and benchmarks
+#   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (kernels/bench_linear.py)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -18,7 +19,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
   echo "== $stage $(date +%T)"
   case $stage in
     agreement) timeout 300 python3 benchmarks/gpu_agreement.py "$OUT/agreement.json" 2>&1 | grep -v Warning | tail -12 ;;
-    worker) timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -6 ;;
+    worker) timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -45 ;;
     profile) timeout 200 python3 benchmarks/gpu_step_profile.py "$OUT/profile.json" 2>&1 | grep -v Warning | head -40 ;;
     throughput)
       for mode in --in-process ""; do
@@ -38,6 +39,9 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
       timeout 120 python3 -m sluice.cli bench serve --address 127.0.0.1:50051 --rate 8 --num-requests 200 \
         --input-len 1024 1024 --output-len 256 256 --vocab-size 128256 --out "$OUT/serve.json" 2>/dev/null | tail -12
       kill $server; wait $server ;;
+    linear)
+      timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_linear.py 2>&1 | tail -3
+      timeout 400 python3 -m kernels.bench_linear "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 kernels/bench.py "$OUT/kernels.json" 2>&1 | tail -40 ;;

@@ -4,6 +4,7 @@ In place: reshape_and_cache, rotary_embedding, and prepare_qkv's cache write. Ev
 """
 from kernels.activation import silu_and_mul, silu_and_mul_ref
 from kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from kernels.fused_linear import fused_linear, fused_linear_ref
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
 from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
@@ -14,6 +15,8 @@ __all__ = [
     "build_cos_sin_cache",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",
+    "fused_linear",
+    "fused_linear_ref",
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_prefill_attention",

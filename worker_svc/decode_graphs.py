@@ -41,7 +41,7 @@ class DecodeGraphs:
 
     def _forward(self, batch_size: int) -> torch.Tensor:
         return self.model(self.input_ids[:batch_size], self.positions[:batch_size], self.cos_sin_cache,
-                          self.kv_caches, self._metadata(batch_size), self.rows[:batch_size])
+                          self.kv_caches, self._metadata(batch_size), None)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:

@@ -1,5 +1,6 @@
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 from sluice.operations import Operations
@@ -12,10 +13,14 @@ from worker_svc.step_telemetry import WorkerMetrics, WorkerStepTelemetry
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.worker")
+# The engine thread holds the GIL through each launch. Python's default 5 ms switch interval would then let a
+# finished step's outcome (event loop) or the next plan's launch wait longer than a whole decode step.
+GIL_SWITCH_INTERVAL_S = 0.0002
 
 
 async def serve(config: WorkerConfig, address: str, operations: Operations) -> None:
     """Listens at once and reports NOT_SERVING while the model loads; on shutdown, drains the requests it holds."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     async with Service([SERVICE_NAME], "sluice-worker", operations) as service:
         port = await service.start(address)
         engine = await asyncio.to_thread(WorkerEngine.load, config)

@@ -14,6 +14,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.model_name = model_name
         self.telemetry = telemetry
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-engine")
+        # A CUDA launch only queues work, so steps launch and finish right on the event loop: no thread hand-offs
+        # (each waits on the GIL) in a step's path. On the CPU a launch computes the step, so it runs on the thread.
+        self._steps_inline = engine.device.type == "cuda"
 
     async def GetInfo(self, request: pb.GetInfoRequest, context) -> pb.WorkerInfo:
         config = self.engine.model_config
@@ -36,7 +39,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             while (item := await launched.get()) is not None:
                 plan, step, started = item
                 await asyncio.to_thread(step.wait)
-                outcome = await self._on_engine_thread(self.engine.finish, step)
+                outcome = await self._run_step_call(self.engine.finish, step)
                 self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started)
                 yield outcome_to_pb(outcome)
             await launcher  # raises what failed a launch
@@ -48,9 +51,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             async for message in request_iterator:
                 plan = plan_from_pb(message)
                 started = self.telemetry.step_started(plan)
-                await launched.put((plan, await self._on_engine_thread(self.engine.launch, plan), started))
+                await launched.put((plan, await self._run_step_call(self.engine.launch, plan), started))
         finally:
             launched.put_nowait(None)
+
+    async def _run_step_call(self, function, *args):
+        if self._steps_inline:
+            return function(*args)
+        return await self._on_engine_thread(function, *args)
 
     def _on_engine_thread(self, function, *args):
         """Runs on the one thread that owns the engine's state (launches and finishes stay in order)."""

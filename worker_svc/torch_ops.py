@@ -17,6 +17,22 @@ class TorchOps:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
+    @staticmethod
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def norm_linear(self, x, residual, norm_weight, eps, weight, bias=None, gated=False, out_dtype=None):
+        """(linear(rmsnorm(x + residual)), x + residual), or with residual None (linear(rmsnorm(x)), x); `gated`
+        applies silu_and_mul to the projection, out_dtype converts the result."""
+        if residual is None:
+            h, residual = self.rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        y = self.linear(h, weight, bias)
+        if gated:
+            y = self.silu_and_mul(y)
+        return (y if out_dtype is None else y.to(out_dtype)), residual
+
     def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
                     slot_mapping) -> torch.Tensor:
         # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]

@@ -5,6 +5,7 @@ import threading
 from types import SimpleNamespace
 
 import grpc
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.launcher import free_port
@@ -38,7 +39,7 @@ def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
 
     def slow_load(config):
         assert loaded.wait(30)
-        return SimpleNamespace(num_live_requests=0)  # no step reaches the engine in this test; the drain asks
+        return SimpleNamespace(num_live_requests=0, device=torch.device("cpu"))  # no step reaches it; the drain asks
 
     monkeypatch.setattr(server.WorkerEngine, "load", slow_load)
     address = f"127.0.0.1:{free_port()}"

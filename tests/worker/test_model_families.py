@@ -41,8 +41,10 @@ def test_family_matches_hf(family, kernels):
     state = {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}  # lively outputs
     hf = _hf_model(hf_config, state)
     config = ModelConfig.from_hf(hf_config)
-    engine = WorkerEngine(WorkerConfig(model=family, kernels=kernels), config, to_worker_layout(dict(state), config))
     prompts = [[5, 17, 99, 3], [42] * 9, list(range(100, 123))]
     expected = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-    assert run_greedy(engine, prompts, 12, chunk=5) == expected
+    for batch in (prompts, prompts[2:]):  # together, and alone: one-row steps take the fused linear kernels
+        engine = WorkerEngine(WorkerConfig(model=family, kernels=kernels), config,
+                              to_worker_layout(dict(state), config))
+        assert run_greedy(engine, batch, 12, chunk=5) == expected[len(prompts) - len(batch):]

@@ -18,10 +18,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+    def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Linear, gated: bool = False,
+                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm(x + residual)), x + residual): the norm with the projection that reads it (residual None: x
+        alone); `gated` applies the MLP's silu(gate) * up to the projection."""
+        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias, gated, out_dtype)
 
 
 class Attention(nn.Module):
@@ -38,8 +39,9 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.ops = ops
 
-    def forward(self, x, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
-        qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)  # q, k, v heads
+    def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
+        # qkv: qkv_proj's output, split into q, k and v heads
+        qkv = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q_norm_weight, k_norm_weight, eps = (None, None, 0.0) if self.q_norm is None else (
             self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         key_cache, value_cache = kv_cache
@@ -47,18 +49,20 @@ class Attention(nn.Module):
         q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
                                  value_cache, meta.slot_mapping)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj.weight)
 
 
 class MLP(nn.Module):
+    """The gated MLP's weights; the post-attention norm applies gate_up_proj and the gate (RMSNorm.project)."""
+
     def __init__(self, config: ModelConfig, ops):
         super().__init__()
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.ops = ops
 
-    def forward(self, x):
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+    def down(self, gated: torch.Tensor) -> torch.Tensor:
+        return self.ops.linear(gated, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -70,13 +74,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, ops)
 
     def forward(self, x, residual, positions, cos_sin_cache, kv_cache, meta):
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, cos_sin_cache, kv_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        # x: the previous layer's output; residual: the stream it adds to (None before the first layer)
+        qkv, residual = self.input_layernorm.project(x, residual, self.self_attn.qkv_proj)
+        x = self.self_attn(qkv, positions, cos_sin_cache, kv_cache, meta)
+        gated, residual = self.post_attention_layernorm.project(x, residual, self.mlp.gate_up_proj, gated=True)
+        return self.mlp.down(gated), residual
 
 
 class DecoderLM(nn.Module):
@@ -90,9 +92,12 @@ class DecoderLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata, logits_indices):
+    def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata,
+                logits_indices: torch.Tensor | None) -> torch.Tensor:
+        """Float32 logits [num_logits, vocab] of the tokens at logits_indices (None: of every token)."""
         x, residual = self.embed_tokens(input_ids), None  # x: [num_tokens, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, positions, cos_sin_cache, kv_cache, meta)
-        x, _ = self.norm(x, residual)
-        return self.lm_head(x[logits_indices]).float()  # [num_sampled, vocab]
+        if logits_indices is not None:
+            x, residual = x[logits_indices], residual[logits_indices]
+        return self.norm.project(x, residual, self.lm_head, out_dtype=torch.float32)[0]

@@ -1,0 +1,178 @@
+"""Linear layers of single-token decode steps, as one weight stream each: y = norm(x) @ W.T, with what the layer
+does around the product fused in.
+
+At one row a linear layer is a matrix-vector product: its time is the weight's bytes, and at small models the
+launches around it (the RMSNorm before, the SiLU gate after) cost as much again. Here each program reads a slice of
+W's rows once and
+- before the product, optionally forms h = x + residual, stores it as the new residual, and RMS-normalises h;
+- after it, optionally adds a bias and, for the MLP's fused [gate | up] projection, computes silu(gate) * up.
+At two rows and more, cuBLAS's tiled GEMMs reuse each weight tile across rows and win.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.activation import silu_and_mul_ref
+from kernels.rms_norm import rms_norm_ref
+
+
+@triton.jit
+def _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL: tl.constexpr):
+    """x[ks], or (x + residual)[ks] rounded to x's dtype, as the unfused residual add would leave it."""
+    x = tl.load(x_ptr + ks)
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(residual_ptr + ks).to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _normalise(h, inv_rms, norm_weight_ptr, ks):
+    dtype = h.dtype
+    normed = (h.to(tl.float32) * inv_rms).to(dtype).to(tl.float32)
+    return (normed * tl.load(norm_weight_ptr + ks).to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED: tl.constexpr):
+    """acc += W[rows, ks] @ a (and acc_up += W[rows + N, ks] @ a when GATED)."""
+    a = a.to(tl.float32)[None, :]
+    acc += tl.sum(tl.load(w_rows + ks[None, :]).to(tl.float32) * a, 1)
+    if GATED:
+        acc_up += tl.sum(tl.load(w_rows + up_offset + ks[None, :]).to(tl.float32) * a, 1)
+    return acc, acc_up
+
+
+@triton.jit
+def _fused_linear_kernel(
+    x_ptr, residual_ptr, norm_weight_ptr, w_ptr, bias_ptr, out_ptr, residual_out_ptr,
+    N, K, eps, stride_w,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
+):
+    """Program `pid` computes output features [pid * BLOCK_N, +BLOCK_N) of the one input row.
+
+    K is a multiple of BLOCK_K (the launcher picks BLOCK_K so), so the weight stream needs no masks; features past
+    N are clamped to the last one and dropped at the store. With GATED, W holds N gate rows and then N up rows, and
+    the program reads the matching slices of both. With ONE_TILE (BLOCK_K == K) the input row is read once; else
+    the norm takes a first pass over it for the inverse RMS. Program 0 stores the new residual.
+    Rounding follows the unfused kernels: the normalised row is rounded to x's dtype before and after the norm
+    weight; each product is summed in fp32 and rounded to x's dtype (plus bias first) before the gate.
+    """
+    pid = tl.program_id(0)
+    cols = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+    w_rows = w_ptr + cols[:, None] * stride_w
+    up_offset = N * stride_w
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_N], tl.float32)
+
+    if ONE_TILE:
+        ks = tl.arange(0, BLOCK_K)
+        a = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+        if NORM:
+            if HAS_RESIDUAL:
+                if pid == 0:
+                    tl.store(residual_out_ptr + ks, a)
+            h = a.to(tl.float32)
+            a = _normalise(a, tl.rsqrt(tl.sum(h * h, 0) / K + eps), norm_weight_ptr, ks)
+        acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED)
+    else:
+        if NORM:  # pass 1: the row's inverse RMS
+            sum_sq = tl.zeros([BLOCK_K], tl.float32)
+            for k in range(0, K, BLOCK_K):
+                ks = k + tl.arange(0, BLOCK_K)
+                h = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+                if HAS_RESIDUAL:
+                    if pid == 0:
+                        tl.store(residual_out_ptr + ks, h)
+                h = h.to(tl.float32)
+                sum_sq += h * h
+            inv_rms = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+        for k in range(0, K, BLOCK_K):  # pass 2: stream the weight rows once
+            ks = k + tl.arange(0, BLOCK_K)
+            a = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+            if NORM:
+                a = _normalise(a, inv_rms, norm_weight_ptr, ks)
+            acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED)
+
+    # -- epilogue
+    dtype = x_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols).to(tl.float32)
+    y = acc.to(dtype)
+    if GATED:
+        gate = y.to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        y = (act * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    out_cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + out_cols, y.to(out_ptr.dtype.element_ty), mask=out_cols < N)
+
+
+def _block_k(k: int, largest: int) -> int:
+    block = largest
+    while k % block:
+        block //= 2
+    return block
+
+
+def _launch_config(n: int, k: int, norm: bool, device: torch.device) -> dict:
+    if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
+        return dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(k, 256), num_warps=1)
+    # NOTE: H200, bf16, python -m kernels.bench_linear (BLOCK_N 1-16 x BLOCK_K 512-4096 x warps 4/8 x stages 1/3 on
+    # the ten Qwen3-0.6B and Llama-3.1-8B projections, in CUDA graphs, weights streamed from HBM). The best single
+    # rule, within 1% of the per-shape best in total: plain products one output feature per program, normed ones two
+    # (each program redoes the norm), the vocabulary-wide lm_head eight (2: 252 us, 8: 235 us at 128256 x 4096);
+    # 2048-wide K slices, 4 warps, stages without effect. A norm over at most 4096 features takes the row whole.
+    if n >= 65536:
+        return dict(BLOCK_N=8, BLOCK_K=_block_k(k, 2048), num_warps=4, num_stages=1)
+    return dict(BLOCK_N=2 if norm else 1, BLOCK_K=_block_k(k, 4096 if norm else 2048), num_warps=4, num_stages=1)
+
+
+def fused_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
+    launch_config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (y, new_residual) for one row x: [1, K] and weight: [N_w, K].
+
+    h = x + residual (when residual is given; new_residual = h, else None), h' = rmsnorm(h) * norm_weight (when
+    norm_weight is given, else h), y = h' @ weight.T + bias: [1, N_w], or with `gated` silu(y[:, :N]) * y[:, N:] for
+    N = N_w / 2. y is in x's dtype, converted to out_dtype when given. Inputs are left untouched.
+    """
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}")
+    k = x.shape[1]
+    if weight.dtype != x.dtype or weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"weight {weight.dtype} {tuple(weight.shape)} does not fit x {x.dtype} {tuple(x.shape)}")
+    if residual is not None and (norm_weight is None or residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError("a residual needs a norm_weight and x's shape and dtype")
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    x = x.contiguous()
+    residual = residual.contiguous() if residual is not None else None
+    out = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
+    new_residual = torch.empty_like(x) if residual is not None else None
+    config = launch_config or _launch_config(n, k, norm_weight is not None, x.device)
+    if k % config["BLOCK_K"]:
+        raise ValueError(f"BLOCK_K {config['BLOCK_K']} does not divide K {k}")
+    _fused_linear_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
+        bias if bias is not None else x, out, new_residual if new_residual is not None else out,
+        n, k, eps, weight.stride(0),
+        NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
+        ONE_TILE=config["BLOCK_K"] == k, **config,
+    )
+    return out, new_residual
+
+
+def fused_linear_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The unfused model code: residual add, RMSNorm, F.linear, silu_and_mul, each rounding to x's dtype."""
+    new_residual = x + residual if residual is not None else None
+    h = new_residual if residual is not None else x
+    if norm_weight is not None:
+        h = rms_norm_ref(h, norm_weight, eps)
+    y = torch.nn.functional.linear(h, weight, bias)
+    if gated:
+        y = silu_and_mul_ref(y)
+    return y.to(out_dtype or x.dtype), new_residual

@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from kernels import fused_linear, fused_linear_ref
+
+# bf16: up to four roundings (residual, norm, product, gate), each a truncation under the CPU interpreter
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=8e-2, rtol=4e-2)}
+VARIANTS = {  # what is fused around the product: (norm, residual, bias, gated)
+    "plain": (False, False, False, False),
+    "bias": (False, False, True, False),
+    "norm": (True, False, False, False),
+    "add_norm": (True, True, False, False),
+    "add_norm_bias": (True, True, True, False),
+    "add_norm_gated": (True, True, False, True),
+}
+
+
+def _inputs(device, dtype, n, k, variant):
+    norm, residual, bias, gated = VARIANTS[variant]
+    x = torch.randn(1, k, device=device).to(dtype)
+    weight = (torch.randn(2 * n if gated else n, k, device=device) / k**0.5).to(dtype)
+    return x, weight, dict(
+        bias=torch.randn(n, device=device).to(dtype) if bias else None,
+        norm_weight=(1 + 0.1 * torch.randn(k, device=device)).to(dtype) if norm else None,
+        eps=1e-6,
+        residual=torch.randn(1, k, device=device).to(dtype) if residual else None,
+        gated=gated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(200, 576), (1000, 64)])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_matches_unfused_reference(device, dtype, n, k, variant):
+    x, weight, options = _inputs(device, dtype, n, k, variant)
+    out, new_residual = fused_linear(x, weight, **options)
+    expected, expected_residual = fused_linear_ref(x, weight, **options)
+    assert out.shape == expected.shape and out.dtype == dtype
+    torch.testing.assert_close(out, expected, **TOL[dtype])
+    if options["residual"] is None:
+        assert new_residual is None
+    else:
+        torch.testing.assert_close(new_residual, expected_residual, **TOL[dtype])
+
+
+def test_float32_logits_from_bf16(device):
+    x, weight, options = _inputs(device, torch.bfloat16, 1000, 256, "add_norm")
+    out, _ = fused_linear(x, weight, **options, out_dtype=torch.float32)
+    expected, _ = fused_linear_ref(x, weight, **options, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, **TOL[torch.bfloat16])
+
+
+def test_inputs_left_untouched(device):
+    x, weight, options = _inputs(device, torch.float32, 64, 128, "add_norm_gated")
+    before = x.clone(), options["residual"].clone()
+    fused_linear(x, weight, **options)
+    assert torch.equal(x, before[0]) and torch.equal(options["residual"], before[1])
+
+
+def test_rejects_more_than_one_row(device):
+    x = torch.randn(2, 64, device=device)
+    with pytest.raises(ValueError, match="one row"):
+        fused_linear(x, torch.randn(32, 64, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,variant", [(4096, 1024, "add_norm"), (1024, 2048, "plain"),
+                                         (3072, 1024, "add_norm_gated"), (14336, 4096, "add_norm_gated"),
+                                         (4096, 14336, "plain"), (151936, 1024, "add_norm")])
+def test_realistic(device, n, k, variant):
+    x, weight, options = _inputs(device, torch.bfloat16, n, k, variant)
+    out, _ = fused_linear(x, weight, **options)
+    torch.testing.assert_close(out, fused_linear_ref(x, weight, **options)[0], **TOL[torch.bfloat16])
