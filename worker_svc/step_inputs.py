@@ -75,7 +75,7 @@ class StepInputBuilder:
             self._uploaded[self._turn].record()
         input_ids_t, positions_t, slots_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
         if unresolved.size:
-            input_ids_t[unresolved_t] = previous.token_ids[previous_t]
+            input_ids_t.index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
         query_start_loc_t, seq_lens_t, tables_t = ints
         meta = AttentionMetadata(
             slot_mapping=slots_t, query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
