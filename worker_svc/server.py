@@ -13,8 +13,8 @@ from worker_svc.step_telemetry import WorkerMetrics, WorkerStepTelemetry
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.worker")
-# The engine thread holds the GIL through each launch. Python's default 5 ms switch interval would then let a
-# finished step's outcome (event loop) or the next plan's launch wait longer than a whole decode step.
+# A thread waits for each step's sampled tokens while the event loop launches the next steps. With Python's default
+# 5 ms switch interval, that thread's return could wait on the loop for longer than a whole decode step.
 GIL_SWITCH_INTERVAL_S = 0.0002
 
 
