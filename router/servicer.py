@@ -8,7 +8,7 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_link import LinkLost, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
-from router.validation import truncate_prompt, validate_prompt, validate_sampling
+from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
 from sluice.errors import InvalidArgument
 from sluice.sampling_params import SamplingParams
 from sluice.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
@@ -78,6 +78,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = sampling_params_from_pb(message, SamplingParams(max_tokens=default_max_tokens))
         validate_sampling(params, num_prompt_tokens, self.model_info.max_model_len, self.tokenizer.vocab_size)
         self.tokenizer.check_text_controls(params)
+        if params.bad_words:
+            words = self.tokenizer.bad_words_token_ids(params.bad_words)
+            check_bad_words_token_ids("sampling.bad_words", words, self.tokenizer.vocab_size)
+            params.bad_words_token_ids = params.bad_words_token_ids + words
         return params
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:

@@ -28,6 +28,17 @@ class RouterTokenizer:
         encoded = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
+    def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word's tokens on its own (as at the start of a text) and after a space (mid-text), without
+        duplicates."""
+        sequences = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                token_ids = self._hf(text, add_special_tokens=False).input_ids
+                if token_ids not in sequences:
+                    sequences.append(token_ids)
+        return sequences
+
     def detokenizer(self) -> "IncrementalDetokenizer":
         return IncrementalDetokenizer(self._hf.backend_tokenizer)
 
@@ -55,8 +66,8 @@ class TokenIdsOnly:
 
     @staticmethod
     def check_text_controls(params: SamplingParams) -> None:
-        """Stop strings and structured output work on text: without a tokenizer they cannot be honoured."""
-        for name in ("stop", params.constraint):
+        """Stop strings, bad words and structured output work on text: without a tokenizer they cannot be honoured."""
+        for name in ("stop", "bad_words", params.constraint):
             if name and getattr(params, name):
                 raise InvalidArgument(f"sampling.{name}", "this deployment has no tokenizer: it works on text")
 

@@ -15,6 +15,8 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_LOGIT_BIAS = 100.0
 MAX_PENALTY = 2.0  # presence and frequency, as OpenAI's API bounds them
 MAX_CONSTRAINT_CHARS = 64 * 1024
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_TOKENS = 16
 
 
 def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, field: str) -> None:
@@ -41,6 +43,7 @@ def validate_sampling(params: SamplingParams, num_prompt_tokens: int, max_model_
     _check_penalties(params, vocab_size)
     _check_token_ids("sampling.allowed_token_ids", params.allowed_token_ids, vocab_size)
     _check_stops(params, vocab_size)
+    _check_bad_words(params, vocab_size)
     _check_counts(params)
     _check_constraint(params)
 
@@ -93,6 +96,24 @@ def _check_stops(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidArgument("sampling.stop", f"stop strings must have 1 to {MAX_STOP_STRING_CHARS} characters")
 
 
+def _check_bad_words(params: SamplingParams, vocab_size: int) -> None:
+    if len(params.bad_words) > MAX_BAD_WORDS:
+        raise InvalidArgument("sampling.bad_words", f"at most {MAX_BAD_WORDS} words")
+    if any(not word.strip() or len(word) > MAX_STOP_STRING_CHARS for word in params.bad_words):
+        raise InvalidArgument("sampling.bad_words", f"words must have 1 to {MAX_STOP_STRING_CHARS} characters, "
+                                                    "not all of them spaces")
+    check_bad_words_token_ids("sampling.bad_words_token_ids", params.bad_words_token_ids, vocab_size)
+
+
+def check_bad_words_token_ids(field: str, sequences: list[list[int]], vocab_size: int) -> None:
+    if len(sequences) > 2 * MAX_BAD_WORDS:
+        raise InvalidArgument(field, f"at most {2 * MAX_BAD_WORDS} sequences")
+    for sequence in sequences:
+        if not 1 <= len(sequence) <= MAX_BAD_WORD_TOKENS:
+            raise InvalidArgument(field, f"a sequence has {len(sequence)} tokens; 1 to {MAX_BAD_WORD_TOKENS} allowed")
+        _check_token_ids(field, sequence, vocab_size)
+
+
 def _check_counts(params: SamplingParams) -> None:
     if not 1 <= params.n <= MAX_N:
         raise InvalidArgument("sampling.n", f"must be in [1, {MAX_N}], got {params.n}")
@@ -110,6 +131,8 @@ def _check_constraint(params: SamplingParams) -> None:
         raise InvalidArgument(field, "structured output cannot be combined with min_tokens")
     if params.allowed_token_ids:
         raise InvalidArgument(field, "structured output cannot be combined with allowed_token_ids")
+    if params.bad_words or params.bad_words_token_ids:
+        raise InvalidArgument(field, "structured output cannot be combined with bad words")
     spec = getattr(params, name)
     if len(json.dumps(spec)) > MAX_CONSTRAINT_CHARS:
         raise InvalidArgument(field, f"longer than {MAX_CONSTRAINT_CHARS} characters")

@@ -123,9 +123,12 @@ def token_logprobs(message: pb.Logprobs) -> list[TokenLogprob]:
 
 
 def sampling_params(**values) -> pb.SamplingParams:
-    """pb.SamplingParams from keyword arguments; `choice` may be a plain list of strings."""
+    """pb.SamplingParams from keyword arguments; `choice` may be a plain list of strings, `bad_words_token_ids` a list
+    of lists of ids."""
     if "choice" in values:
         values["choice"] = pb.Choice(values=values["choice"])
+    if "bad_words_token_ids" in values:
+        values["bad_words_token_ids"] = [pb.TokenIds(ids=ids) for ids in values["bad_words_token_ids"]]
     return pb.SamplingParams(**values)
 
 

@@ -30,6 +30,8 @@ def add_generate_command(commands, default_address: str, default_auth_token: str
     command.add_argument("--allowed-token-id", dest="allowed_token_ids", action="append", default=[], type=int,
                          help="only these tokens may be generated (repeatable)")
     command.add_argument("--truncate-prompt-tokens", type=int, help="keep only the prompt's last K tokens")
+    command.add_argument("--bad-word", dest="bad_words", action="append", default=[],
+                         help="a word never to generate, alone or after a space (repeatable)")
     command.add_argument("--include-stop-str-in-output", action="store_true", default=None)
     command.add_argument("--ignore-eos", action="store_true", default=None)
     command.add_argument("--logprobs", type=int, help="logprob of each token and this many alternatives")
@@ -45,7 +47,7 @@ def add_generate_command(commands, default_address: str, default_auth_token: str
 _SAMPLING_FLAGS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids",
                    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "regex", "choice",
-                   "allowed_token_ids", "truncate_prompt_tokens")
+                   "allowed_token_ids", "truncate_prompt_tokens", "bad_words")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:

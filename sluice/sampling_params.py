@@ -24,6 +24,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     allowed_token_ids: list[int] = field(default_factory=list)  # empty: any token
     truncate_prompt_tokens: int | None = None  # the router keeps only the prompt's last k tokens
+    bad_words: list[str] = field(default_factory=list)  # the router turns them into bad_words_token_ids
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)  # sequences whose last token is banned after
+    # the others (a one-token sequence always)
     stop: list[str] = field(default_factory=list)  # stop strings, matched by the router
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely alternatives

@@ -18,7 +18,8 @@ def sampling_params_from_pb(message: pb.SamplingParams, defaults: SamplingParams
         values[constraint] = getattr(message, constraint)
     return replace(defaults or SamplingParams(), **values, stop_token_ids=list(message.stop_token_ids),
                    logit_bias=dict(message.logit_bias), stop=list(message.stop),
-                   allowed_token_ids=list(message.allowed_token_ids))
+                   allowed_token_ids=list(message.allowed_token_ids), bad_words=list(message.bad_words),
+                   bad_words_token_ids=[list(sequence.ids) for sequence in message.bad_words_token_ids])
 
 
 def sampling_params_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -27,4 +28,5 @@ def sampling_params_to_pb(params: SamplingParams) -> pb.SamplingParams:
     if params.choice is not None:
         values["choice"] = pb.Choice(values=params.choice)
     return pb.SamplingParams(**values, stop_token_ids=params.stop_token_ids, logit_bias=params.logit_bias,
-                             stop=params.stop, allowed_token_ids=params.allowed_token_ids)
+                             stop=params.stop, allowed_token_ids=params.allowed_token_ids, bad_words=params.bad_words,
+                             bad_words_token_ids=[pb.TokenIds(ids=ids) for ids in params.bad_words_token_ids])

@@ -1,9 +1,9 @@
 """Batched sampling: every transform is one tensor op over the whole batch, never a Python loop per request.
 
-Order, as in Hugging Face transformers and vLLM: penalties, logit bias, token masks (min_tokens, allowed_token_ids,
-structured output) on the raw logits; greedy rows take the argmax there. Sampled rows then apply temperature,
-top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF at a seeded
-uniform number.
+Order, as in Hugging Face transformers and vLLM: penalties, logit bias, token masks (min_tokens, bad words,
+allowed_token_ids, structured output) on the raw logits; greedy rows take the argmax there. Sampled rows then apply
+temperature, top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF
+at a seeded uniform number.
 """
 from dataclasses import dataclass
 
@@ -25,7 +25,8 @@ class SamplingTensors:
     all_greedy: bool
     needs_filter: bool  # some row uses top-k, top-p or min-p
     penalties: "Penalties | None" = None
-    sparse: "SparseLogits | None" = None  # logit bias, and -inf on EOS and stop ids while short of min_tokens
+    sparse: "SparseLogits | None" = None  # logit bias; -inf on EOS and stop ids while short of min_tokens, and on
+    # a bad word's last token after its others
     allowed: torch.Tensor | None = None  # [batch, vocab] bool (allowed_token_ids, structured output)
 
 

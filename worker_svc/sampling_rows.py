@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from sluice.sampling_params import SamplingParams
+from worker_svc.bad_words import BadWords
 from worker_svc.sampler import Penalties, SamplingTensors, SparseLogits
+from worker_svc.upload import upload
 
 _INITIAL_ROWS = 16
 _FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns
@@ -23,12 +25,6 @@ class _Row:
     params: SamplingParams
 
 
-def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on the device, copied without waiting for the device (through pinned memory on a GPU)."""
-    host = torch.tensor(values, dtype=dtype)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-
-
 class PaddedTable:
     """A list of (token id, value) pairs per row, of any length, padded with token id `pad_id` and value 0."""
 
@@ -41,7 +37,7 @@ class PaddedTable:
         self._filled: set[int] = set()  # rows that hold pairs on the device
 
     def set_row(self, row: int, ids: list[int], values: list[float]) -> None:
-        if ids or row in self._filled:
+        if ids or row in self._filled or row in self._staged:
             self._staged[row] = (ids, values)
 
     def flush(self) -> None:
@@ -79,6 +75,7 @@ class SamplingRows:
         self._logit_bias = PaddedTable(_INITIAL_ROWS, vocab_size, device)
         self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
         self._allowed = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # allowed_token_ids (values unused)
+        self._bad_words = BadWords(_INITIAL_ROWS, vocab_size, device)
         # allocated with the first request that has penalties; rows of other requests hold stale history
         self._output_counts: torch.Tensor | None = None  # [rows, vocab] int32
         self._prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
@@ -98,6 +95,7 @@ class SamplingRows:
         bans = self.eos_token_ids + params.stop_token_ids if params.min_tokens else []
         self._min_tokens_bans.set_row(i, bans, [float("-inf")] * len(bans))
         self._allowed.set_row(i, params.allowed_token_ids, [0.0] * len(params.allowed_token_ids))
+        self._bad_words.set_row(i, params.bad_words_token_ids, output_ids)
         if params.has_penalties:
             self._set_history(i, prompt_ids, output_ids)
 
@@ -136,6 +134,8 @@ class SamplingRows:
             still_short = (num_output < ints[:, _I["min_tokens"]]).unsqueeze(1)
             bans = self._min_tokens_bans
             sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
+        if any(p.bad_words_token_ids for p in params):
+            sparse.append(self._bad_words.bans(index))
         if sparse:
             tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
                                           torch.cat([values for _, values in sparse], dim=1))
@@ -148,6 +148,7 @@ class SamplingRows:
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Counts one sampled token for each row in `index`."""
         self._ints[index, _I["num_output"]] += 1
+        self._bad_words.record(index, token_ids)
         if self._output_counts is not None:
             ones = torch.ones_like(token_ids, dtype=torch.int32)
             self._output_counts.index_put_((index, token_ids), ones, accumulate=True)
@@ -158,7 +159,7 @@ class SamplingRows:
             self._floats[rows] = upload([floats for floats, _ in self._staged.values()], torch.float32, self.device)
             self._ints[rows] = upload([ints for _, ints in self._staged.values()], torch.int64, self.device)
             self._staged.clear()
-        for table in (self._logit_bias, self._min_tokens_bans, self._allowed):
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
             table.flush()
 
     def _set_history(self, i: int, prompt_ids: list[int], output_ids: list[int]) -> None:
@@ -175,7 +176,7 @@ class SamplingRows:
         num_rows = self._ints.shape[0]
         self._floats = _pad(self._floats, 0, num_rows, 0)
         self._ints = _pad(self._ints, 0, num_rows, 0)
-        for table in (self._logit_bias, self._min_tokens_bans, self._allowed):
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
             table.add_rows(num_rows)
         if self._output_counts is not None:
             self._output_counts = _pad(self._output_counts, 0, num_rows, 0)

@@ -3,7 +3,7 @@ import time
 import grpc
 import pytest
 
-from router.validation import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from router.validation import MAX_BAD_WORDS, MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from sluice.client import text_request
 from sluice.v1 import generation_pb2 as pb
 
@@ -89,6 +89,12 @@ def test_abort_rpc_ends_the_stream(services):
     (text_request("hi", regex="a+", allowed_token_ids=[5]), "sampling.regex"),
     (text_request("hi", allowed_token_ids=[5, 10**7]), "sampling.allowed_token_ids"),
     (text_request("hi", truncate_prompt_tokens=0), "sampling.truncate_prompt_tokens"),
+    (text_request("hi", bad_words=["  "]), "sampling.bad_words"),
+    (text_request("hi", bad_words=["x"] * (MAX_BAD_WORDS + 1)), "sampling.bad_words"),
+    (text_request("hi", bad_words=[" ".join(["antidisestablishment"] * 8)]), "sampling.bad_words"),
+    (text_request("hi", bad_words_token_ids=[[5, 10**7]]), "sampling.bad_words_token_ids"),
+    (text_request("hi", bad_words_token_ids=[[]]), "sampling.bad_words_token_ids"),
+    (text_request("hi", regex="a+", bad_words=["b"]), "sampling.regex"),
 ])
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(services, request_, field):
     with pytest.raises(grpc.RpcError) as error:

@@ -172,6 +172,23 @@ def test_allowed_token_ids_match_hf_with_every_other_token_suppressed(services, 
     assert set(result.token_ids) <= set(allowed)
 
 
+def test_bad_words_match_hf_no_bad_words(services, hf_model, hf_tokenizer):
+    """"Paris" is the greedy answer; banned, alone and after a space, the model must route around it and around "the
+    French" (two tokens: "French" is banned only right after "the")."""
+    prompt = "The capital of France is"
+    words = ["Paris", "the French"]
+    sequences = [hf_tokenizer(text, add_special_tokens=False).input_ids for word in words
+                 for text in (word, " " + word)]
+    assert any(len(sequence) > 1 for sequence in sequences)
+    prompt_ids = hf_tokenizer(prompt).input_ids
+    with torch.inference_mode():
+        expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=24, do_sample=False,
+                                     bad_words_ids=sequences)[0, len(prompt_ids):].tolist()
+    result = services.client.generate(text_request(prompt, temperature=0.0, max_tokens=24, bad_words=words))
+    assert result.token_ids == expected
+    assert "Paris" not in result.text and "the French" not in result.text
+
+
 def test_truncate_prompt_tokens_keeps_the_prompts_tail(services, hf_tokenizer):
     prompt_ids = hf_tokenizer("Once upon a time, in a land far away, there lived a fox who").input_ids
     truncated = services.client.generate(_tokens_request(prompt_ids, temperature=0.0, max_tokens=6,

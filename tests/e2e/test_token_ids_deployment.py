@@ -1,4 +1,5 @@
-"""A random-weight deployment of a named shape: no tokenizer, token ids in and out, text controls refused."""
+"""A random-weight deployment of a named shape: no tokenizer, token ids in and out (bad words as token ids), text
+controls refused."""
 import grpc
 import pytest
 
@@ -18,9 +19,12 @@ def test_dummy_shape_serves_token_ids_and_refuses_text_controls():
         assert services.client.model_info().vocab_size == 49152
         first, second = services.client.generate(_tokens()), services.client.generate(_tokens())
         assert len(first.token_ids) == 8 and first.token_ids == second.token_ids and first.text == ""
+        banned = services.client.generate(_tokens(bad_words_token_ids=[pb.TokenIds(ids=first.token_ids[:1])]))
+        assert first.token_ids[0] not in banned.token_ids
         for request, field in [(text_request("hi", max_tokens=4), "text"),
                                (_tokens(stop=["."]), "sampling.stop"),
-                               (_tokens(regex="[a-z]+"), "sampling.regex")]:
+                               (_tokens(regex="[a-z]+"), "sampling.regex"),
+                               (_tokens(bad_words=["x"]), "sampling.bad_words")]:
             with pytest.raises(grpc.RpcError) as error:
                 services.client.generate(request)
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT

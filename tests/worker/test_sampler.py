@@ -3,7 +3,8 @@ on the CPU and, where there is one, on a CUDA device."""
 import pytest
 import torch
 from transformers.generation.logits_process import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor,
-                                                    MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                    MinPLogitsWarper, NoBadWordsLogitsProcessor,
+                                                    RepetitionPenaltyLogitsProcessor,
                                                     SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
@@ -236,3 +237,51 @@ def test_seeded_uniform_is_exact_integer_arithmetic_on_every_device(device):
     on_device = seeded_uniform(seeds.to(device), positions.to(device)).cpu()
     assert torch.equal(on_device, seeded_uniform(seeds, positions))
     assert ((on_device > 0) & (on_device < 1)).all()
+
+
+def test_bad_words_match_hf_and_follow_the_sampled_tokens(device):
+    """One-token words are always banned, longer ones only right after their other tokens; the rows keep their own
+    output history on the device, fed by each step's sampled tokens."""
+    words = {"short": [[7], [11]], "long": [[3, 5], [4, 5, 9], [6, 6, 6, 6]], "none": []}
+    outputs = {"short": [1], "long": [8, 3], "none": [3]}
+    requests = {name: (SamplingParams(temperature=0.0, bad_words_token_ids=words[name]), [1], outputs[name])
+                for name in words}
+    rows = _rows(requests, device)
+    names = list(requests)
+    index = torch.tensor(rows.indices(names), device=device)
+    banned_in_long = []
+    for step, sampled in enumerate([[0, 4, 0], [0, 6, 0], [0, 6, 0], [0, 6, 0], [0, 0, 0]]):
+        logits = _logits(3, device, seed=step)
+        out = process_logits(logits.clone(), rows.gather(names, index))
+        banned_in_long.append(out[1].isinf().nonzero().flatten().tolist())
+        for i, name in enumerate(names):
+            processor = [NoBadWordsLogitsProcessor(words[name], eos_token_id=EOS)] if words[name] else []
+            assert torch.equal(out[i:i + 1], _hf(processor, logits[i:i + 1], outputs[name]))
+        rows.record(index, torch.tensor(sampled, device=device))
+        for name, token in zip(names, sampled):
+            outputs[name].append(token)
+    assert banned_in_long == [[5], [], [], [], [6]]  # 5 right after 3, 6 right after 6 6 6
+
+
+@pytest.mark.parametrize("stepped", [False, True], ids=["before_a_step", "after_a_step"])
+def test_a_reused_row_forgets_its_bad_words(device, stepped):
+    rows = _rows({"banned": (SamplingParams(temperature=0.0, bad_words_token_ids=[[7]]), [1], [])}, device)
+    if stepped:
+        _gather(rows, ["banned"])
+    rows.remove("banned")
+    rows.add("fresh", SamplingParams(temperature=0.0), 0, [1], [])
+    _gather(rows, ["fresh"])  # uploads the cleared row alone
+    rows.add("other", SamplingParams(temperature=0.0, bad_words_token_ids=[[9]]), 0, [1], [])
+    logits = _logits(2, device)
+    out = process_logits(logits.clone(), _gather(rows, ["fresh", "other"]))
+    assert torch.equal(out[0], logits[0]) and out[1].isinf().nonzero().flatten().tolist() == [9]
+
+
+def test_a_row_reused_before_any_step_forgets_its_logit_bias(device):
+    rows = _rows({"biased": (SamplingParams(temperature=0.0, logit_bias={7: 50.0}), [1], [])}, device)
+    rows.remove("biased")
+    rows.add("fresh", SamplingParams(temperature=0.0), 0, [1], [])
+    rows.add("other", SamplingParams(temperature=0.0, logit_bias={9: 1.0}), 0, [1], [])
+    logits = _logits(2, device)
+    out = process_logits(logits.clone(), _gather(rows, ["fresh", "other"]))
+    assert torch.equal(out[0], logits[0])
