@@ -28,7 +28,7 @@ def _inputs(device, dtype, n, k, variant):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k", [(200, 576), (1000, 64)])
+@pytest.mark.parametrize("n,k", [(200, 576), (1000, 64), (5, 123)])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_matches_unfused_reference(device, dtype, n, k, variant):
     x, weight, options = _inputs(device, dtype, n, k, variant)
