@@ -5,7 +5,7 @@ samples, all in batched tensor ops: the newest tokens need never reach the host 
 """
 import torch
 
-from worker_svc.upload import upload
+from worker_svc.upload import StagedRows, upload
 
 PAD = -1  # a sequence's padding matches any token; the history's marks "no token yet"
 
@@ -19,31 +19,24 @@ class BadWords:
         self.device = device
         self._words = torch.full((num_rows, 0, 1), vocab_size, dtype=torch.int64, device=device)
         self._history = torch.full((num_rows, 0), PAD, dtype=torch.int64, device=device)
-        self._staged: dict[int, tuple[list[list[int]], list[int]]] = {}
-        self._filled: set[int] = set()  # rows that hold sequences on the device
+        self._rows: StagedRows[tuple[list[list[int]], list[int]]] = StagedRows()  # (sequences, output ids)
 
     def set_row(self, row: int, sequences: list[list[int]], output_ids: list[int]) -> None:
-        if sequences or row in self._filled or row in self._staged:
-            self._staged[row] = (sequences, output_ids)
+        self._rows.stage(row, (sequences, output_ids), bool(sequences))
 
     def flush(self) -> None:
-        if not self._staged:
+        staged = self._rows.take()
+        num_words = max([self._words.shape[1], *(len(sequences) for sequences, _ in staged.values())])
+        if not staged or not num_words:  # nothing to write: rows cleared before any sequence reached the device
             return
-        num_words = max([self._words.shape[1], *(len(sequences) for sequences, _ in self._staged.values())])
-        length = max([self._words.shape[2], *(len(s) for sequences, _ in self._staged.values() for s in sequences)])
-        if not num_words:  # rows cleared before any sequence reached the device
-            self._staged.clear()
-            return
+        length = max([self._words.shape[2], *(len(s) for sequences, _ in staged.values() for s in sequences)])
         self._widen(num_words, length)
-        rows = upload(list(self._staged), torch.int64, self.device)
-        self._words[rows] = upload([self._padded_words(sequences) for sequences, _ in self._staged.values()],
+        rows = upload(list(staged), torch.int64, self.device)
+        self._words[rows] = upload([self._padded_words(sequences) for sequences, _ in staged.values()],
                                    torch.int64, self.device)
         if length > 1:
             self._history[rows] = upload([([PAD] * length + output_ids)[-(length - 1):]
-                                          for _, output_ids in self._staged.values()], torch.int64, self.device)
-        self._filled.update(row for row, (sequences, _) in self._staged.items() if sequences)
-        self._filled.difference_update(row for row, (sequences, _) in self._staged.items() if not sequences)
-        self._staged.clear()
+                                          for _, output_ids in staged.values()], torch.int64, self.device)
 
     def bans(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(token ids, values) [len(index), words]: -inf on each sequence's last token where the tokens before it
@@ -54,8 +47,8 @@ class BadWords:
         return words[:, :, -1], torch.where(matched, float("-inf"), 0.0)
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """Appends each row's sampled token to its history."""
-        if self._history.shape[1]:
+        """Appends each row's sampled token to its history, while some row has sequences that need one."""
+        if self._history.shape[1] and self._rows.any_filled:
             self._history[index] = torch.cat([self._history[index, 1:], token_ids.unsqueeze(1)], dim=1)
 
     def add_rows(self, num_rows: int) -> None:

@@ -10,7 +10,7 @@ import torch
 from sluice.sampling_params import SamplingParams
 from worker_svc.bad_words import BadWords
 from worker_svc.sampler import Penalties, SamplingTensors, SparseLogits
-from worker_svc.upload import upload
+from worker_svc.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
 _FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns
@@ -33,29 +33,25 @@ class PaddedTable:
         self.device = device
         self.ids = torch.full((num_rows, 0), pad_id, dtype=torch.int64, device=device)
         self.values = torch.zeros(num_rows, 0, device=device)
-        self._staged: dict[int, tuple[list[int], list[float]]] = {}
-        self._filled: set[int] = set()  # rows that hold pairs on the device
+        self._rows: StagedRows[tuple[list[int], list[float]]] = StagedRows()
 
     def set_row(self, row: int, ids: list[int], values: list[float]) -> None:
-        if ids or row in self._filled or row in self._staged:
-            self._staged[row] = (ids, values)
+        self._rows.stage(row, (ids, values), bool(ids))
 
     def flush(self) -> None:
-        if not self._staged:
+        staged = self._rows.take()
+        if not staged:
             return
-        width = max(self.ids.shape[1], *(len(ids) for ids, _ in self._staged.values()))
+        width = max(self.ids.shape[1], *(len(ids) for ids, _ in staged.values()))
         if width > self.ids.shape[1]:
             self.ids = _pad(self.ids, 1, width - self.ids.shape[1], self.pad_id)
             self.values = _pad(self.values, 1, width - self.values.shape[1], 0.0)
-        rows = upload(list(self._staged), torch.int64, self.device)
-        padding = [width - len(ids) for ids, _ in self._staged.values()]
-        self.ids[rows] = upload([ids + [self.pad_id] * pad for (ids, _), pad in zip(self._staged.values(), padding)],
+        rows = upload(list(staged), torch.int64, self.device)
+        padding = [width - len(ids) for ids, _ in staged.values()]
+        self.ids[rows] = upload([ids + [self.pad_id] * pad for (ids, _), pad in zip(staged.values(), padding)],
                                 torch.int64, self.device)
-        self.values[rows] = upload([values + [0.0] * pad for (_, values), pad in zip(self._staged.values(), padding)],
+        self.values[rows] = upload([values + [0.0] * pad for (_, values), pad in zip(staged.values(), padding)],
                                    torch.float32, self.device)
-        self._filled.update(row for row, (ids, _) in self._staged.items() if ids)
-        self._filled.difference_update(row for row, (ids, _) in self._staged.items() if not ids)
-        self._staged.clear()
 
     def add_rows(self, num_rows: int) -> None:
         self.ids = _pad(self.ids, 0, num_rows, self.pad_id)
