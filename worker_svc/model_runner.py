@@ -106,4 +106,4 @@ class ModelRunner:
                                 meta.block_tables)
             return logits if one_logit_per_token else logits[inputs.logits_indices]
         return self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, meta,
-                          inputs.logits_indices)
+                          None if one_logit_per_token else inputs.logits_indices)
