@@ -1,6 +1,5 @@
 import asyncio
 import logging
-import sys
 from pathlib import Path
 
 from sluice.operations import Operations
@@ -13,14 +12,10 @@ from worker_svc.step_telemetry import WorkerMetrics, WorkerStepTelemetry
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.worker")
-# A thread waits for each step's sampled tokens while the event loop launches the next steps. With Python's default
-# 5 ms switch interval, that thread's return could wait on the loop for longer than a whole decode step.
-GIL_SWITCH_INTERVAL_S = 0.0002
 
 
 async def serve(config: WorkerConfig, address: str, operations: Operations) -> None:
     """Listens at once and reports NOT_SERVING while the model loads; on shutdown, drains the requests it holds."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     async with Service([SERVICE_NAME], "sluice-worker", operations) as service:
         port = await service.start(address)
         engine = await asyncio.to_thread(WorkerEngine.load, config)
