@@ -21,9 +21,9 @@ class DecodeGraphs:
         self.cos_sin_cache = cos_sin_cache
         self.sizes = batch_size_ladder(max_batch_size)
         n = max_batch_size
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.token_inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # input ids, positions, KV slots
+        self.input_ids, self.positions, self.slot_mapping = self.token_inputs
+        self.slot_mapping.fill_(-1)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
@@ -58,15 +58,15 @@ class DecodeGraphs:
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
-    def run(self, input_ids, positions, slot_mapping, seq_lens, block_tables) -> torch.Tensor:
-        n = input_ids.shape[0]
+    def run(self, token_inputs, seq_lens, block_tables) -> torch.Tensor:
+        """token_inputs: [3, n] int64 input ids, positions and KV slots."""
+        n = token_inputs.shape[1]
         batch_size = next(size for size in self.sizes if size >= n)
-        self.input_ids[:n].copy_(input_ids, non_blocking=True)
-        self.positions[:n].copy_(positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
-        self.slot_mapping[n:batch_size].fill_(-1)
-        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        self.seq_lens[n:batch_size].fill_(1)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self.token_inputs[:, :n].copy_(token_inputs)
+        self.seq_lens[:n].copy_(seq_lens)
+        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        if batch_size > n:
+            self.slot_mapping[n:batch_size].fill_(-1)
+            self.seq_lens[n:batch_size].fill_(1)
         self.graphs[batch_size].replay()
         return self.logits[batch_size][:n]

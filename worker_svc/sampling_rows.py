@@ -67,6 +67,7 @@ class SamplingRows:
         self._free = list(range(_INITIAL_ROWS - 1, -1, -1))
         self._floats = torch.zeros(_INITIAL_ROWS, len(_FLOATS), device=device)
         self._ints = torch.zeros(_INITIAL_ROWS, len(_INTS), dtype=torch.int64, device=device)
+        self._ones = torch.ones(_INITIAL_ROWS, dtype=torch.int64, device=device)
         self._staged: dict[int, tuple[list[float], list[int]]] = {}  # row -> (floats, ints) to upload
         self._logit_bias = PaddedTable(_INITIAL_ROWS, vocab_size, device)
         self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
@@ -143,7 +144,7 @@ class SamplingRows:
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Counts one sampled token for each row in `index`."""
-        self._ints[index, _I["num_output"]] += 1
+        self._ints[:, _I["num_output"]].index_add_(0, index, self._ones[:index.shape[0]])
         self._bad_words.record(index, token_ids)
         if self._output_counts is not None:
             ones = torch.ones_like(token_ids, dtype=torch.int32)
@@ -172,6 +173,7 @@ class SamplingRows:
         num_rows = self._ints.shape[0]
         self._floats = _pad(self._floats, 0, num_rows, 0)
         self._ints = _pad(self._ints, 0, num_rows, 0)
+        self._ones = _pad(self._ones, 0, num_rows, 1)
         for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
             table.add_rows(num_rows)
         if self._output_counts is not None:

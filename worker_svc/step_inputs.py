@@ -15,11 +15,18 @@ from worker_svc.batch_state import BatchState, RequestState
 
 @dataclass(slots=True)
 class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
+    token_inputs: torch.Tensor  # [3, num_tokens] int64: input ids, positions and KV slots, one row each
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits] int64: the tokens whose logits the step needs
     sampling_rows: torch.Tensor  # [num_samples] int64: the sampling requests' rows in SamplingRows
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.token_inputs[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.token_inputs[1]
 
 
 @dataclass(slots=True)
@@ -67,26 +74,27 @@ class StepInputBuilder:
         self._turn ^= 1
         if self._uploaded[self._turn] is not None:
             self._uploaded[self._turn].synchronize()
-        longs = self._to_device(torch.int64, [input_ids, positions, slots, seq_index, query_pos, logits_indices,
-                                              sampling_rows, unresolved, unresolved_rows])
+        longs = self._to_device(torch.int64, [np.stack([input_ids, positions, slots]), seq_index, query_pos,
+                                              logits_indices, sampling_rows, unresolved, unresolved_rows])
         ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel()])
         if self.device.type == "cuda":
             self._uploaded[self._turn] = torch.cuda.Event()
             self._uploaded[self._turn].record()
-        input_ids_t, positions_t, slots_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
+        token_inputs_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
+        token_inputs_t = token_inputs_t.view(3, num_tokens)
         if unresolved.size:
-            input_ids_t.index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
+            token_inputs_t[0].index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
         query_start_loc_t, seq_lens_t, tables_t = ints
         meta = AttentionMetadata(
-            slot_mapping=slots_t, query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
+            slot_mapping=token_inputs_t[2], query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
             block_tables=tables_t.view(n, max_blocks), token_seq_index=seq_index_t, token_query_pos=query_pos_t,
             max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
-        return StepInputs(input_ids_t, positions_t, meta, logits_t, rows_t)
+        return StepInputs(token_inputs_t, meta, logits_t, rows_t)
 
     def _to_device(self, dtype: torch.dtype, arrays: list) -> list[torch.Tensor]:
         """Packs arrays into one host buffer (pinned on a GPU) and copies it to the device at once. Each array starts
         at a 16-byte-aligned offset: Triton compiles a kernel once per alignment of its pointer arguments."""
-        arrays = [np.asarray(a) for a in arrays]
+        arrays = [np.asarray(a).ravel() for a in arrays]
         align = 16 // dtype.itemsize
         starts = np.cumsum([0] + [-(-a.size // align) * align for a in arrays])
         host = self._host_buffer(dtype, int(starts[-1]))
