@@ -25,8 +25,11 @@ class LaunchedStep:
     prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)
     outcome: StepOutcome | None = None
 
+    def ready(self) -> bool:
+        """Whether the sampled tokens are on the host (a query that never blocks)."""
+        return self.copied is None or self.copied.query()
+
     def wait(self) -> None:
-        """Blocks, without the GIL, until the sampled tokens are on the host."""
         if self.copied is not None:
             self.copied.synchronize()
 
@@ -102,8 +105,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
         graphs, meta = self.decode_graphs, inputs.meta
         if graphs is not None and meta.is_pure_decode and graphs.fits(meta.num_seqs):
-            logits = graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens,
-                                meta.block_tables)
+            logits = graphs.run(inputs.token_inputs, meta.seq_lens, meta.block_tables)
             return logits if one_logit_per_token else logits[inputs.logits_indices]
         return self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, meta,
                           None if one_logit_per_token else inputs.logits_indices)

@@ -38,7 +38,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             while (item := await launched.get()) is not None:
                 plan, step, started = item
-                await asyncio.to_thread(step.wait)
+                while not step.ready():  # polled: a thread blocked in the driver would slow the launches
+                    await asyncio.sleep(0)
                 outcome = await self._run_step_call(self.engine.finish, step)
                 self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started)
                 yield outcome_to_pb(outcome)
