@@ -13,8 +13,8 @@ from worker_svc.seeded_random import seeded_uniform
 
 
 @dataclass(slots=True)
-class SamplingTensors:
-    """One row per request that samples this step."""
+class RandomDraws:
+    """What a batch with rows that draw at random needs, one row per request (greedy rows included)."""
 
     temperature: torch.Tensor  # [batch] float32, 0 where greedy
     top_k: torch.Tensor  # [batch] int64, vocab size where disabled
@@ -22,8 +22,14 @@ class SamplingTensors:
     min_p: torch.Tensor  # [batch] float32
     seeds: torch.Tensor  # [batch, 2] int64: the low and high 32 bits of each request's seed
     output_positions: torch.Tensor  # [batch] int64: the index of the token being sampled in the request's output
-    all_greedy: bool
     needs_filter: bool  # some row uses top-k, top-p or min-p
+
+
+@dataclass(slots=True)
+class SamplingTensors:
+    """One row per request that samples this step."""
+
+    draws: RandomDraws | None = None  # None: every row is greedy
     penalties: "Penalties | None" = None
     sparse: "SparseLogits | None" = None  # logit bias; -inf on EOS and stop ids while short of min_tokens, and on
     # a bad word's last token after its others
@@ -51,13 +57,14 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     # logits: [batch, vocab] float32, modified in place -> sampled token ids [batch]
     logits = process_logits(logits, tensors)
     greedy_tokens = logits.argmax(dim=-1)
-    if tensors.all_greedy:
+    draws = tensors.draws
+    if draws is None:
         return greedy_tokens
-    is_greedy = tensors.temperature == 0
-    logits = logits / torch.where(is_greedy, 1.0, tensors.temperature).unsqueeze(1)
-    if tensors.needs_filter:
-        logits = filter_top_k_top_p_min_p(logits, tensors.top_k, tensors.top_p, tensors.min_p)
-    sampled = draw(logits.softmax(dim=-1), seeded_uniform(tensors.seeds, tensors.output_positions))
+    is_greedy = draws.temperature == 0
+    logits = logits / torch.where(is_greedy, 1.0, draws.temperature).unsqueeze(1)
+    if draws.needs_filter:
+        logits = filter_top_k_top_p_min_p(logits, draws.top_k, draws.top_p, draws.min_p)
+    sampled = draw(logits.softmax(dim=-1), seeded_uniform(draws.seeds, draws.output_positions))
     return torch.where(is_greedy, greedy_tokens, sampled)
 
 

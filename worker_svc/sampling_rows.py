@@ -9,7 +9,7 @@ import torch
 
 from sluice.sampling_params import SamplingParams
 from worker_svc.bad_words import BadWords
-from worker_svc.sampler import Penalties, SamplingTensors, SparseLogits
+from worker_svc.sampler import Penalties, RandomDraws, SamplingTensors, SparseLogits
 from worker_svc.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
@@ -112,23 +112,27 @@ class SamplingRows:
         holds allowed_token_ids only (the structured-output mask is the caller's)."""
         self._flush()
         params = [self._rows[request_id].params for request_id in request_ids]
-        floats, ints = self._floats[index], self._ints[index]
-        num_output = ints[:, _I["num_output"]]
-        tensors = SamplingTensors(
-            temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
-            min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
-            output_positions=num_output, all_greedy=all(p.greedy for p in params),
-            needs_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
-        )
-        if any(p.has_penalties for p in params):
+        tensors = SamplingTensors()
+        draws = not all(p.greedy for p in params)
+        penalties = any(p.has_penalties for p in params)
+        min_tokens = any(p.min_tokens for p in params)
+        floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
+        ints = self._ints[index] if draws or min_tokens else None
+        if draws:
+            tensors.draws = RandomDraws(
+                temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
+                min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
+                output_positions=ints[:, _I["num_output"]],
+                needs_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params))
+        if penalties:
             tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
                                           floats[:, _F["repetition"]], self._output_counts[index],
                                           self._prompt_mask[index])
         sparse = []
         if any(p.logit_bias for p in params):
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
-        if any(p.min_tokens for p in params):
-            still_short = (num_output < ints[:, _I["min_tokens"]]).unsqueeze(1)
+        if min_tokens:
+            still_short = (ints[:, _I["num_output"]] < ints[:, _I["min_tokens"]]).unsqueeze(1)
             bans = self._min_tokens_bans
             sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
         if any(p.bad_words_token_ids for p in params):

@@ -96,13 +96,15 @@ class StepInputBuilder:
         at a 16-byte-aligned offset: Triton compiles a kernel once per alignment of its pointer arguments."""
         arrays = [np.asarray(a).ravel() for a in arrays]
         align = 16 // dtype.itemsize
-        starts = np.cumsum([0] + [-(-a.size // align) * align for a in arrays])
-        host = self._host_buffer(dtype, int(starts[-1]))
+        pieces = list(chain.from_iterable((a.size, -a.size % align) for a in arrays))  # each array, its padding
+        host = self._host_buffer(dtype, sum(pieces))
         host_array = host.numpy()
-        for a, start in zip(arrays, starts):
+        start = 0
+        for a, padding in zip(arrays, pieces[1::2]):
             host_array[start:start + a.size] = a
+            start += a.size + padding
         packed = host.to(self.device, non_blocking=True) if self.device.type != "cpu" else host.clone()
-        return [packed[start:start + a.size] for a, start in zip(arrays, starts)]
+        return packed.split_with_sizes(pieces)[::2]
 
     def _host_buffer(self, dtype: torch.dtype, size: int) -> torch.Tensor:
         buffer = self._staging.get((dtype, self._turn))

@@ -80,8 +80,9 @@ def test_temperature_then_filters_match_hf(temperature, device):
     params = SamplingParams(temperature=temperature, top_k=50, top_p=0.9, min_p=0.02)
     tensors = _gather(_rows({"a": (params, [1], [])}, device), ["a"])
     logits = _logits(1, device)
-    scaled = logits / tensors.temperature.unsqueeze(1)
-    ours = filter_top_k_top_p_min_p(scaled, tensors.top_k, tensors.top_p, tensors.min_p)
+    draws = tensors.draws
+    scaled = logits / draws.temperature.unsqueeze(1)
+    ours = filter_top_k_top_p_min_p(scaled, draws.top_k, draws.top_p, draws.min_p)
     expected = _hf(_hf_warpers(50, 0.9, 0.02, temperature), logits)
     torch.testing.assert_close(ours, expected)
 
@@ -155,6 +156,7 @@ def test_all_greedy_batch_is_the_argmax_of_the_untouched_logits(device):
     requests = {f"r{i}": (SamplingParams(temperature=0.0), [1], []) for i in range(4)}
     tensors = _gather(_rows(requests, device), list(requests))
     logits = _logits(4, device)
+    assert tensors.draws is None
     assert torch.equal(sample(logits.clone(), tensors), logits.argmax(dim=-1))
 
 
@@ -224,7 +226,7 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
     rows.add("late", SamplingParams(temperature=0.0, min_tokens=2), 0, [1], [])  # takes r38's row
     ids = ["r39", "late", "r1"]
     tensors = _gather(rows, ids)
-    assert tensors.temperature.tolist() == [0.5, 0.0, 0.5]
+    assert tensors.draws.temperature.tolist() == [0.5, 0.0, 0.5]
     assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
     assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
