@@ -1,6 +1,7 @@
 """The `sluice bench` subcommands."""
 import asyncio
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -77,6 +78,7 @@ def _warm_up(args) -> list[BenchRequest]:
 
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
     from sluice.bench.grpc_load import run_load
+    from sluice.bench.process_cpu import ProcessCpu, format_busy_cores
     from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 
     layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
@@ -85,10 +87,14 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
         asyncio.run(run_load(layout.router_address, _warm_up(args)))
+        cpu = ProcessCpu({"worker": processes[0].pid, "scheduler": processes[1].pid, "router": processes[2].pid,
+                          "client": os.getpid()})
         traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
+        busy_cores = cpu.busy_cores(duration)
     finally:
         stop_services(processes)
-    return {"name": "sluice (gRPC stack)", **summarize(traces, duration)}
+    print(format_busy_cores(busy_cores))
+    return {"name": "sluice (gRPC stack)", **summarize(traces, duration), "busy_cores": busy_cores}
 
 
 def _offline_engine(args, enable_prefix_caching: bool):
@@ -166,7 +172,7 @@ def _latency(args) -> None:
     else:
         result = _through_grpc(args, requests, concurrency=1)
         summary = {"name": "sluice (gRPC stack)", "ms_per_token": result["tpot_ms"]["p50"],
-                   "ttft_ms": result["ttft_ms"]["p50"]}
+                   "ttft_ms": result["ttft_ms"]["p50"], "busy_cores": result["busy_cores"]}
     print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
     _write(args.out, {"workload": _vars_of(args), "results": [summary]})
 
