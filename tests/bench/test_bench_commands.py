@@ -51,7 +51,7 @@ def test_latency_through_grpc_reports_each_process_cpu(tmp_path, default_model_d
     assert 0 < result["ms_per_token"] < 10_000
     cpu = result["busy_cores"]
     assert set(cpu) == {"worker", "scheduler", "router", "client"}
-    for name, busy in cpu.items():
-        assert 0 < busy["busiest_thread_cores"] <= busy["cores"] + 1e-9, name
-        assert busy["busiest_thread_cores"] <= 1.05, name  # one thread keeps at most one core busy
+    for name, busy in cpu.items():  # CPU times tick every 10 ms: a process that idles may read 0
+        assert 0 <= busy["busiest_thread_cores"] <= busy["cores"] + 1e-9, name
+        assert busy["busiest_thread_cores"] <= 1.1, name  # one thread keeps at most one core busy
     assert cpu["worker"]["cores"] > cpu["scheduler"]["cores"]  # on the CPU the worker computes the model
