@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 checks in one call; STAGES picks some (default: all). Results go to $OUT (or ./gpu_out).
 #   agreement   greedy agreement with HF transformers on random weights (benchmarks/gpu_agreement.py)
-#   worker      one decode step of Qwen3-0.6B at batch 1 and 256, eager and with CUDA graphs
+#   worker      one decode step of Qwen3-0.6B at batch 1 and 256, eager and with CUDA graphs; graph decode against
+#               eager decode, token for token (tests/worker/test_decode_graphs.py)
 #   profile     the throughput workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
 #   throughput  the standard workload in process and through the gRPC stack
 #   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
@@ -19,7 +20,9 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
   echo "== $stage $(date +%T)"
   case $stage in
     agreement) timeout 300 python3 benchmarks/gpu_agreement.py "$OUT/agreement.json" 2>&1 | grep -v Warning | tail -12 ;;
-    worker) timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -45 ;;
+    worker)
+      timeout 200 python3 benchmarks/gpu_worker_check.py "$OUT/worker.json" 2>&1 | grep -v Warning | tail -45
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/worker/test_decode_graphs.py 2>&1 | tail -3 ;;
     profile) timeout 200 python3 benchmarks/gpu_step_profile.py "$OUT/profile.json" 2>&1 | grep -v Warning | head -40 ;;
     throughput)
       for mode in --in-process ""; do

@@ -30,6 +30,7 @@ class LaunchedStep:
         return self.copied is None or self.copied.query()
 
     def wait(self) -> None:
+        """Blocks until the sampled tokens are on the host."""
         if self.copied is not None:
             self.copied.synchronize()
 

@@ -1,0 +1,31 @@
+"""CUDA-graph decode against eager decode on one GPU: the same random weights, greedy, float32. The batch shrinks as
+requests finish, so the graphs replay at every ladder size up to 8, with padding rows and without."""
+import pytest
+import torch
+
+from sluice.offline import OfflineEngine
+from sluice.sampling_params import SamplingParams
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def _greedy_tokens(enforce_eager: bool) -> list[list[int]]:
+    worker = WorkerEngine.load(WorkerConfig(model="Qwen3-0.6B", load_format="dummy", dtype="float32", device="cuda",
+                                            enforce_eager=enforce_eager, gpu_memory_utilization=0.3))
+    engine = OfflineEngine(worker, max_model_len=1024, max_num_seqs=16)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 150_000, (int(length),), generator=generator).tolist()
+               for length in torch.randint(5, 300, (7,), generator=generator)]
+    params = [SamplingParams(max_tokens=4 + 5 * i, temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
+    tokens = [result.token_ids for result in engine.generate(prompts, params)]
+    del engine, worker
+    torch.cuda.empty_cache()
+    return tokens
+
+
+def test_graph_decode_matches_eager_decode():
+    graphs, eager = _greedy_tokens(enforce_eager=False), _greedy_tokens(enforce_eager=True)
+    assert [len(t) for t in graphs] == [4 + 5 * i for i in range(7)]
+    assert graphs == eager
