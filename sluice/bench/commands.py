@@ -87,8 +87,8 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
         asyncio.run(run_load(layout.router_address, _warm_up(args)))
-        cpu = ProcessCpu({"worker": processes[0].pid, "scheduler": processes[1].pid, "router": processes[2].pid,
-                          "client": os.getpid()})
+        services = dict(zip(("worker", "scheduler", "router"), (process.pid for process in processes)))
+        cpu = ProcessCpu(services | {"client": os.getpid()})
         traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
         busy_cores = cpu.busy_cores(duration)
     finally:

@@ -1,5 +1,6 @@
 """CPU use of each process of a gRPC run while it is timed: shows which process, and which of its threads, limits the
-stack. A thread near 1.0 core is saturated (the worker's event loop polls while a step runs, so it always is)."""
+stack. A thread near 1.0 core is saturated (on a GPU the worker's event loop polls while a step runs, so there it
+always is)."""
 import psutil
 
 
