@@ -108,23 +108,10 @@ class GenerationOutput:
 def _merge_tokens(events: list) -> dict[int, Tokens]:
     merged: dict[int, Tokens] = {}
     for event in events:
-        if not isinstance(event, Tokens):
-            continue
-        into = merged.get(event.index)
-        if into is None:
-            merged[event.index] = Tokens(event.index, list(event.token_ids), event.logprobs, event.prompt_logprobs)
-            continue
-        into.token_ids += event.token_ids
-        into.logprobs = _joined(into.logprobs, event.logprobs)
-        into.prompt_logprobs = _joined(into.prompt_logprobs, event.prompt_logprobs)
+        if isinstance(event, Tokens):
+            merged.setdefault(event.index, Tokens(event.index)).extend(event.token_ids, event.logprobs,
+                                                                      event.prompt_logprobs)
     return merged
-
-
-def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
-    if first is None or second is None:
-        return second if first is None else first
-    first.extend(second)
-    return first
 
 
 def _kind(message) -> str:

@@ -14,6 +14,7 @@ from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")
 _SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+_UPDATES_AHEAD = 2  # step updates the scheduler may send beyond the one being dispatched; later steps merge
 
 
 @dataclass(slots=True)
@@ -22,6 +23,12 @@ class Tokens:
     token_ids: list[int] = field(default_factory=list)
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+
+    def extend(self, token_ids, logprobs: Logprobs | None = None, prompt_logprobs: Logprobs | None = None) -> None:
+        """Appends a later step's news."""
+        self.token_ids += token_ids
+        self.logprobs = _joined(self.logprobs, logprobs)
+        self.prompt_logprobs = _joined(self.prompt_logprobs, prompt_logprobs)
 
 
 @dataclass(slots=True)
@@ -85,6 +92,7 @@ class SchedulerLink:
     async def _keep_connected(self) -> None:
         while True:
             self._outgoing = asyncio.Queue()  # what was queued for a broken stream is dropped with it
+            self._outgoing.put_nowait(_credit(_UPDATES_AHEAD))
             await self._set_connected(True)
             details = await self._read(self.stub.Connect(self._send(self._outgoing)))
             await self._set_connected(False)
@@ -109,22 +117,22 @@ class SchedulerLink:
         try:
             async for message in call:
                 self._dispatch(message.step)
+                self._outgoing.put_nowait(_credit(1))
             return "scheduler closed the stream"
         except grpc.aio.AioRpcError as error:
             return f"scheduler {self.address}: {error.code().name} {error.details()}"
 
     def _dispatch(self, step: scheduler_pb2.StepUpdate) -> None:
+        """A merged update lists a request once per step it covers, in step order."""
         tokens: dict[tuple[str, int], Tokens] = {}
         offset = 0
         for request_id, index, count in zip(step.request_ids, step.sample_indices, step.token_counts):
-            tokens[request_id, index] = Tokens(index, list(step.token_ids[offset:offset + count]))
+            tokens.setdefault((request_id, index), Tokens(index)).extend(step.token_ids[offset:offset + count])
             offset += count
         for message in step.logprobs:
-            event = tokens.setdefault((message.request_id, message.index), Tokens(message.index))
-            if message.HasField("logprobs"):
-                event.logprobs = logprobs_from_pb(message.logprobs)
-            if message.HasField("prompt_logprobs"):
-                event.prompt_logprobs = logprobs_from_pb(message.prompt_logprobs)
+            tokens.setdefault((message.request_id, message.index), Tokens(message.index)).extend(
+                [], logprobs_from_pb(message.logprobs) if message.HasField("logprobs") else None,
+                logprobs_from_pb(message.prompt_logprobs) if message.HasField("prompt_logprobs") else None)
         for (request_id, _), event in tokens.items():
             events = self._streams.get(request_id)
             if events is not None:
@@ -138,3 +146,14 @@ class SchedulerLink:
         if self._reader is not None:
             self._reader.cancel()
         await self.channel.close()
+
+
+def _credit(messages: int) -> scheduler_pb2.RouterMessage:
+    return scheduler_pb2.RouterMessage(credit=scheduler_pb2.Credit(messages=messages))
+
+
+def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
+    if first is None or second is None:
+        return second if first is None else first
+    first.extend(second)
+    return first

@@ -3,10 +3,11 @@ import logging
 import time
 from collections import deque
 
+from scheduler_svc.outbox import Outbox
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import FinishReason, Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
-from scheduler_svc.router_sessions import Outbox, RouterSessions
+from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
 from scheduler_svc.step_plan import StepPlan
 from scheduler_svc.worker_client import WorkerClient

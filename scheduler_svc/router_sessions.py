@@ -1,11 +1,9 @@
-import asyncio
 from collections import defaultdict
 
+from scheduler_svc.outbox import Outbox
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.updates_pb import step_update_to_pb
 from sluice.v1 import scheduler_pb2 as pb
-
-Outbox = asyncio.Queue  # of pb.SchedulerMessage, one per engine step per router
 
 
 class RouterSessions:
@@ -17,7 +15,7 @@ class RouterSessions:
         self._num_unfinished: dict[str, int] = {}  # samples of the request still running
 
     def open(self) -> Outbox:
-        outbox: Outbox = asyncio.Queue()
+        outbox = Outbox()
         self._owned[outbox] = set()
         return outbox
 
@@ -45,9 +43,9 @@ class RouterSessions:
                     del self._owner[update.request_id], self._num_unfinished[update.request_id]
                     self._owned[outbox].discard(update.request_id)
         for outbox, group in by_outbox.items():
-            outbox.put_nowait(pb.SchedulerMessage(step=step_update_to_pb(group)))
+            outbox.put(step_update_to_pb(group))
 
     @staticmethod
     def reject(outbox: Outbox, request_id: str, status_code: int, message: str) -> None:
         rejection = pb.Rejection(request_id=request_id, status_code=status_code, message=message)
-        outbox.put_nowait(pb.SchedulerMessage(step=pb.StepUpdate(rejections=[rejection])))
+        outbox.put(pb.StepUpdate(rejections=[rejection]))

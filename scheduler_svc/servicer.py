@@ -2,7 +2,8 @@ import asyncio
 
 from scheduler_svc.engine_loop import EngineLoop
 from scheduler_svc.request import FinishReason
-from scheduler_svc.router_sessions import Outbox, RouterSessions
+from scheduler_svc.outbox import Outbox
+from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.updates_pb import finish_reason_from_pb, load_to_pb, request_from_pb
 from sluice.errors import SluiceError
 from sluice.grpc_errors import status_for
@@ -28,9 +29,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _read(self, request_iterator, outbox: Outbox) -> None:
         async for message in request_iterator:
-            if message.HasField("submit"):
+            kind = message.WhichOneof("kind")
+            if kind == "submit":
                 self._submit(message.submit, outbox)
-            else:
+            elif kind == "credit":
+                outbox.grant(message.credit.messages)
+            elif kind == "finish":
                 finish = message.finish
                 self.loop.finish(finish.request_id, finish_reason_from_pb(finish.reason),
                                  finish.index if finish.HasField("index") else None)
