@@ -131,27 +131,40 @@ def _in_process(args, requests: list[BenchRequest]) -> dict:
             "total_tokens_per_s": (output_tokens + prompt_tokens) / duration}
 
 
-def _hf(args, requests: list[BenchRequest]) -> list[dict]:
+def _hf(args, requests: list[BenchRequest]):
+    """Hugging Face's static batches, then its continuous batching, each result as it is measured."""
+    import gc
+
+    import torch
+
     from sluice.bench.hf_baseline import continuous_generate, load_hf_model, static_generate
     from worker_svc.config import WorkerConfig
 
+    gc.collect()  # the Sluice engine measured before gives its device memory back
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     model = load_hf_model(str(args.model), args.load_format, WorkerConfig(model="", dtype=args.dtype).torch_dtype,
                           args.device)
-    return [static_generate(model, requests, args.hf_batch_size), continuous_generate(model, requests)]
+    yield static_generate(model, requests, args.hf_batch_size)
+    yield continuous_generate(model, requests)
 
 
 def _throughput(args) -> None:
     _resolve_model(args)
     requests = _workload(args)
     results = [_in_process(args, requests) if args.in_process else _through_grpc(args, requests)]
-    if args.baseline == "hf":
-        results += _hf(args, requests)
-    sluice_rate = results[0]["output_tokens_per_s"]
-    for result in results:
-        result["sluice_speedup"] = sluice_rate / result["output_tokens_per_s"]
-        print(f"{result['name']:34} {result['requests_per_s']:8.2f} req/s {result['output_tokens_per_s']:10.1f} "
-              f"output tok/s {result['total_tokens_per_s']:10.1f} total tok/s   sluice x{result['sluice_speedup']:.2f}")
+    _print_throughput(results[0], results[0]["output_tokens_per_s"])
+    for result in _hf(args, requests) if args.baseline == "hf" else ():
+        results.append(result)
+        _print_throughput(result, results[0]["output_tokens_per_s"])
     _write(args.out, {"workload": _vars_of(args), "results": results})
+
+
+def _print_throughput(result: dict, sluice_rate: float) -> None:
+    result["sluice_speedup"] = sluice_rate / result["output_tokens_per_s"]
+    print(f"{result['name']:34} {result['requests_per_s']:8.2f} req/s {result['output_tokens_per_s']:10.1f} "
+          f"output tok/s {result['total_tokens_per_s']:10.1f} total tok/s   sluice x{result['sluice_speedup']:.2f}",
+          flush=True)
 
 
 def _latency(args) -> None:
