@@ -46,9 +46,9 @@ def static_generate(model, requests: list[BenchRequest], batch_size: int) -> dic
     return _summary("hf generate (static batches)", generated, requests, time.perf_counter() - started)
 
 
-@torch.inference_mode()
 def continuous_generate(model, requests: list[BenchRequest]) -> dict:
-    """transformers' own continuous batching, `generate_batch`."""
+    """transformers' own continuous batching, `generate_batch` (not under inference mode: its generation thread
+    updates tensors in place that it creates in the calling thread)."""
     from transformers import GenerationConfig
 
     new_tokens = output_len(requests)
@@ -57,6 +57,8 @@ def continuous_generate(model, requests: list[BenchRequest]) -> dict:
     started = time.perf_counter()
     outputs = model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config)
     generated = sum(len(o.generated_tokens) for o in outputs.values())
+    if not generated:
+        raise RuntimeError("transformers' generate_batch generated no tokens; its log above says why")
     return _summary("hf generate_batch (continuous)", generated, requests, time.perf_counter() - started)
 
 
