@@ -14,7 +14,7 @@ from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")
 _SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
-_UPDATES_AHEAD = 2  # step updates the scheduler may send beyond the one being dispatched; later steps merge
+_UPDATES_AHEAD = 2  # step updates the scheduler may have sent that this router has not dispatched yet
 
 
 @dataclass(slots=True)
