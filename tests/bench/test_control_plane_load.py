@@ -1,0 +1,18 @@
+"""benchmarks/control_plane_load.py run for real: the router and scheduler over the modelled worker deliver every
+token of the workload to the client."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from sluice.bench.workload import random_workload
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "control_plane_load.py"
+
+
+def test_every_token_of_the_workload_reaches_the_client():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--num-requests", "8", "--speed", "4"], check=True,
+                         capture_output=True, text=True, timeout=300)
+    expected = sum(r.max_tokens for r in random_workload(8, (100, 1024), (100, 1024), 151936, 0))
+    assert re.search(rf"^speed 4.0: {expected} tokens;", run.stdout, re.MULTILINE), run.stdout
+    assert "CPU per output token: worker" in run.stdout
