@@ -10,18 +10,19 @@ stands for a host with half the CPU speed.
 """
 import argparse
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 import time
 
 import grpc
-import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scheduler_svc.step_plan import StepOutcome
 from scheduler_svc.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.bench.grpc_load import run_load
+from sluice.bench.process_cpu import ProcessCpu
 from sluice.bench.workload import random_workload
 from sluice.launcher import free_port, stop_services, wait_until_serving
 from sluice.v1 import worker_pb2 as pb
@@ -114,19 +115,18 @@ def main() -> None:
         wait_until_serving(router, "sluice.v1.Generation", 120, list(processes.values()))
         asyncio.run(run_load(router, random_workload(4, (100, 1024), (100, 1024), VOCAB_SIZE, 1)))
         requests = random_workload(args.num_requests, (100, 1024), (100, 1024), VOCAB_SIZE, 0)
-        watched = {name: psutil.Process(p.pid) for name, p in processes.items()} | {"client": psutil.Process()}
-        cpu_before = {name: sum(p.cpu_times()[:2]) for name, p in watched.items()}
+        cpu = ProcessCpu({name: process.pid for name, process in processes.items()} | {"client": os.getpid()})
         started = time.perf_counter()
         traces, duration = asyncio.run(run_load(router, requests))
-        cpu = {name: sum(p.cpu_times()[:2]) - cpu_before[name] for name, p in watched.items()}
+        busy_cores = cpu.busy_cores(duration)
     finally:
         stop_services(list(processes.values()))
     last_outcome = float(processes["worker"].stdout.read()) - started
     tokens = sum(len(trace.token_times) for trace in traces)
     print(f"speed {args.speed}: {tokens} tokens; the stand-in's last outcome at {last_outcome:.3f} s, the client's "
           f"last token at {duration:.3f} s ({tokens / duration:,.0f} tok/s)")
-    print("CPU per output token: " + ", ".join(f"{name} {1e6 * seconds / tokens:.1f} us"
-                                               for name, seconds in cpu.items()))
+    print("CPU per output token: " + ", ".join(f"{name} {1e6 * report['cores'] * duration / tokens:.1f} us"
+                                               for name, report in busy_cores.items()))
 
 
 if __name__ == "__main__":
