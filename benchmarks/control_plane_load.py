@@ -19,12 +19,12 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from scheduler_svc.step_plan import StepOutcome
-from scheduler_svc.step_plan_pb import outcome_to_pb, plan_from_pb
-from sluice.bench.grpc_load import run_load
-from sluice.bench.process_cpu import ProcessCpu
-from sluice.bench.workload import random_workload
-from sluice.launcher import free_port, stop_services, wait_until_serving
+from sluice.cli.bench.grpc_load import run_load
+from sluice.cli.bench.process_cpu import ProcessCpu
+from sluice.cli.bench.workload import random_workload
+from sluice.cli.launcher import free_port, stop_services, wait_until_serving
+from sluice.core.step_plan import StepOutcome
+from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 

@@ -12,9 +12,9 @@ import time
 
 from torch.profiler import ProfilerActivity, profile
 
-from sluice.bench.workload import random_workload
-from sluice.offline import OfflineEngine
-from sluice.sampling_params import SamplingParams
+from sluice.cli.bench.workload import random_workload
+from sluice.cli.offline import OfflineEngine
+from sluice.core.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 

@@ -8,7 +8,7 @@
 #   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
 #   serve       8 req/s of 1k in / 256 out on Llama-3.1-8B against `sluice serve`
 #   kernels     the kernel tests and benchmarks
-#   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (kernels/bench_linear.py)
+#   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -44,9 +44,9 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
       kill $server; wait $server ;;
     linear)
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_linear.py 2>&1 | tail -3
-      timeout 400 python3 -m kernels.bench_linear "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
+      timeout 400 python3 benchmarks/kernel_linear.py "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
-      timeout 120 python3 kernels/bench.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
+      timeout 120 python3 benchmarks/kernels.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
   esac
 done

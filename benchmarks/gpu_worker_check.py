@@ -11,8 +11,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from scheduler_svc.request import Request
-from sluice.offline import OfflineEngine
-from sluice.sampling_params import SamplingParams
+from sluice.cli.offline import OfflineEngine
+from sluice.core.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 

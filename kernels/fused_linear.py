@@ -117,7 +117,7 @@ def _block_k(k: int, largest: int) -> int:
 def _launch_config(n: int, k: int, norm: bool, device: torch.device) -> dict:
     if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
         return dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(k, 256), num_warps=1)
-    # NOTE: H200, bf16, python -m kernels.bench_linear (BLOCK_N 1-16 x BLOCK_K 512-4096 x warps 4/8 x stages 1/3 on
+    # NOTE: H200, bf16, benchmarks/kernel_linear.py (BLOCK_N 1-16 x BLOCK_K 512-4096 x warps 4/8 x stages 1/3 on
     # the ten Qwen3-0.6B and Llama-3.1-8B projections, in CUDA graphs, weights streamed from HBM). The best single
     # rule, within 1% of the per-shape best in total: plain products one output feature per program, normed ones two
     # (each program redoes the norm), the vocabulary-wide lm_head eight (2: 252 us, 8: 235 us at 128256 x 4096);

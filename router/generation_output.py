@@ -4,9 +4,9 @@ from collections.abc import Callable
 
 from router.scheduler_link import Tokens
 from router.stop_strings import StopStringMatcher
-from sluice.logprobs import Logprobs
-from sluice.logprobs_pb import logprobs_to_pb
-from sluice.sampling_params import SamplingParams
+from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs_pb import logprobs_to_pb
+from sluice.core.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import scheduler_pb2
 

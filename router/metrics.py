@@ -1,7 +1,7 @@
 """The router's Prometheus series (vLLM names): latencies as the client sees them."""
 from prometheus_client import CollectorRegistry, Histogram
 
-from sluice.metric_buckets import INTER_TOKEN_SECONDS, REQUEST_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS
+from sluice.serving.metric_buckets import INTER_TOKEN_SECONDS, REQUEST_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS
 
 
 class RouterMetrics:

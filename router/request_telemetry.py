@@ -6,8 +6,8 @@ from opentelemetry import trace
 from router.metrics import RouterMetrics
 from router.scheduler_link import LinkLost
 from sluice.client import FINISH_REASONS
-from sluice.sampling_params import SamplingParams
-from sluice.tracing import carrier_of
+from sluice.core.sampling_params import SamplingParams
+from sluice.serving.tracing import carrier_of
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import scheduler_pb2
 

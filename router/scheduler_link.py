@@ -5,11 +5,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from sluice.errors import Unavailable
-from sluice.grpc_options import CHANNEL_OPTIONS
-from sluice.logprobs import Logprobs
-from sluice.logprobs_pb import logprobs_from_pb
-from sluice.readiness import wait_until_serving
+from sluice.core.errors import Unavailable
+from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs_pb import logprobs_from_pb
+from sluice.serving.grpc_options import CHANNEL_OPTIONS
+from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")

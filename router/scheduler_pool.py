@@ -4,7 +4,7 @@ import hashlib
 from collections.abc import Awaitable, Callable
 
 from router.scheduler_link import Event, SchedulerLink
-from sluice.errors import Unavailable
+from sluice.core.errors import Unavailable
 from sluice.v1 import generation_pb2, scheduler_pb2
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica

@@ -9,9 +9,9 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_pool import SchedulerPool
 from router.servicer import GenerationServicer
 from router.tokenizer import RouterTokenizer, TokenIdsOnly
-from sluice.operations import Operations
-from sluice.readiness import wait_until_serving
-from sluice.serving import Service
+from sluice.serving.operations import Operations
+from sluice.serving.readiness import wait_until_serving
+from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, generation_pb2_grpc, scheduler_pb2
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name

@@ -9,9 +9,9 @@ from router.scheduler_link import LinkLost, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
 from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
-from sluice.errors import InvalidArgument
-from sluice.sampling_params import SamplingParams
-from sluice.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
+from sluice.core.errors import InvalidArgument
+from sluice.core.sampling_params import SamplingParams
+from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc, scheduler_pb2
 

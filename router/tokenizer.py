@@ -3,8 +3,8 @@ from pathlib import Path
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
-from sluice.errors import InvalidArgument
-from sluice.sampling_params import SamplingParams
+from sluice.core.errors import InvalidArgument
+from sluice.core.sampling_params import SamplingParams
 
 
 class RouterTokenizer:

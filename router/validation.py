@@ -2,9 +2,9 @@
 import json
 import math
 
-from sluice.errors import InvalidArgument
-from sluice.grammar import grammar_error, grammar_for
-from sluice.sampling_params import SamplingParams
+from sluice.core.errors import InvalidArgument
+from sluice.core.grammar import grammar_error, grammar_for
+from sluice.core.sampling_params import SamplingParams
 
 MAX_N = 16
 MAX_LOGPROBS = 20

@@ -1,5 +1,5 @@
 """Checks a request must pass before it may wait: valid for this model, able to fit the pool, room in the queue."""
-from sluice.errors import InvalidArgument, ResourceExhausted
+from sluice.core.errors import InvalidArgument, ResourceExhausted
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.request import Request

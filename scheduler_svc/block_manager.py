@@ -50,10 +50,6 @@ class BlockManager:
         return self.num_total_blocks - self.pool.num_free_blocks
 
     @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_total_blocks
-
-    @property
     def prefix_cache_hit_rate(self) -> float:
         return self.num_prefix_hit_tokens / self.num_prefix_query_tokens if self.num_prefix_query_tokens else 0.0
 

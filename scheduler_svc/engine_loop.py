@@ -9,9 +9,9 @@ from scheduler_svc.request import FinishReason, Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
-from scheduler_svc.step_plan import StepPlan
 from scheduler_svc.worker_client import WorkerClient
-from sluice.errors import Unavailable
+from sluice.core.errors import Unavailable
+from sluice.core.step_plan import StepPlan
 
 log = logging.getLogger("sluice.scheduler")
 _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines

@@ -2,7 +2,7 @@
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler_svc.outputs import LoadSnapshot
-from sluice.metric_buckets import REQUEST_SECONDS
+from sluice.serving.metric_buckets import REQUEST_SECONDS
 
 FINISHED_REASONS = ("stop", "length", "abort")
 

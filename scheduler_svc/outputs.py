@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 from scheduler_svc.request import FinishReason
-from sluice.logprobs import Logprobs
+from sluice.core.logprobs import Logprobs
 
 
 @dataclass(slots=True)

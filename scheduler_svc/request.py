@@ -2,7 +2,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from sluice.sampling_params import SamplingParams
+from sluice.core.sampling_params import SamplingParams
 
 
 class FinishReason(enum.Enum):

@@ -9,8 +9,8 @@ from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import FinishReason, Request
 from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.step_plan import StepPlan
-from sluice.tracing import carrier_of, context_of
+from sluice.core.step_plan import StepPlan
+from sluice.serving.tracing import carrier_of, context_of
 
 _FINISHED_REASON = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
                     FinishReason.DEADLINE: "abort"}

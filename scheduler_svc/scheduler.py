@@ -12,10 +12,10 @@ from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.parallel_sampling import SampleGroups, split_samples
 from scheduler_svc.request import FinishReason, Request, RequestStatus
 from scheduler_svc.request_queue import WaitingQueue, policy_key
-from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from scheduler_svc.stop_check import check_stop
-from sluice.errors import InvalidArgument
-from sluice.logprobs import Logprobs
+from sluice.core.errors import InvalidArgument
+from sluice.core.logprobs import Logprobs
+from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 
 RUNNING = RequestStatus.RUNNING
 MAX_STEPS_IN_FLIGHT = 3  # the step running on the worker and two queued behind it

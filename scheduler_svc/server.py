@@ -11,9 +11,9 @@ from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.worker_client import WorkerClient
-from sluice.operations import Operations
-from sluice.readiness import wait_until_serving
-from sluice.serving import Service
+from sluice.serving.operations import Operations
+from sluice.serving.readiness import wait_until_serving
+from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name

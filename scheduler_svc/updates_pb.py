@@ -3,8 +3,8 @@ import time
 
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.request import FinishReason, Request
-from sluice.logprobs_pb import logprobs_to_pb
-from sluice.sampling_params_pb import sampling_params_from_pb
+from sluice.core.logprobs_pb import logprobs_to_pb
+from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2
 
 _FINISH_REASON_PB = {

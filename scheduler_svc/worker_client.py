@@ -2,10 +2,10 @@ import asyncio
 
 import grpc
 
-from scheduler_svc.step_plan import StepOutcome, StepPlan
-from scheduler_svc.step_plan_pb import outcome_from_pb, plan_to_pb
-from sluice.errors import Unavailable
-from sluice.grpc_options import CHANNEL_OPTIONS
+from sluice.core.errors import Unavailable
+from sluice.core.step_plan import StepOutcome, StepPlan
+from sluice.core.step_plan_pb import outcome_from_pb, plan_to_pb
+from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 

@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass, field
 
 import grpc
 
-from sluice.grpc_options import CHANNEL_OPTIONS
+from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
 

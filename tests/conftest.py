@@ -10,9 +10,9 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from sluice.model_store import fetch_default_model
+    from sluice.cli.model_store import default_model
 
-    return fetch_default_model(Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice")))
+    return default_model()
 
 
 @pytest.fixture(scope="session")

@@ -4,22 +4,22 @@ from pathlib import Path
 import torch
 
 from kernels import build_cos_sin_cache
-from scheduler_svc.step_plan import StepOutcome, StepPlan
+from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
-from worker_svc.decode_graphs import DecodeGraphs
-from worker_svc.dummy_weights import dummy_checkpoint
-from worker_svc.kv_cache import allocate_kv_cache, bytes_per_block
-from worker_svc.memory_profile import profile_kv_cache_bytes
-from worker_svc.model_config import ModelConfig
-from worker_svc.model_runner import LaunchedStep, ModelRunner
 from worker_svc.models.decoder import DecoderLM
+from worker_svc.models.dummy_weights import dummy_checkpoint
+from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
-from worker_svc.sampling_rows import SamplingRows
-from worker_svc.step_sampler import StepSampler
-from worker_svc.structured_output import GrammarMatchers, load_llguidance_tokenizer
-from worker_svc.torch_ops import TorchOps
-from worker_svc.triton_ops import TritonOps
-from worker_svc.weights import load_checkpoint, to_worker_layout
+from worker_svc.models.torch_ops import TorchOps
+from worker_svc.models.triton_ops import TritonOps
+from worker_svc.models.weights import load_checkpoint, to_worker_layout
+from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
+from worker_svc.runner.memory_profile import profile_kv_cache_bytes
+from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
+from worker_svc.sampling.rows import SamplingRows
+from worker_svc.sampling.step import StepSampler
+from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 
 class WorkerEngine:

@@ -2,8 +2,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from sluice.operations import Operations
-from sluice.serving import Service
+from sluice.serving.operations import Operations
+from sluice.serving.service import Service
 from sluice.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine

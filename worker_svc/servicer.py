@@ -1,7 +1,7 @@
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from scheduler_svc.step_plan_pb import outcome_to_pb, plan_from_pb
+from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 from worker_svc.engine import WorkerEngine

@@ -5,8 +5,8 @@ import time
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from scheduler_svc.step_plan import StepOutcome, StepPlan
-from sluice.tracing import context_of
+from sluice.core.step_plan import StepOutcome, StepPlan
+from sluice.serving.tracing import context_of
 
 _STEP_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 _ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from sluice.bench.hf_baseline import output_len
-from sluice.bench.workload import random_workload
+from sluice.cli.bench.hf_baseline import output_len
+from sluice.cli.bench.workload import random_workload
 
 WORKLOAD = ["--num-requests", "4", "--input-len", "8", "16", "--output-len", "3", "6"]
 

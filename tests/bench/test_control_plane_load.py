@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sluice.bench.workload import random_workload
+from sluice.cli.bench.workload import random_workload
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "control_plane_load.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 
+from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 from sluice.client import SluiceClient
-from sluice.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.trace_collector import TraceCollector
 

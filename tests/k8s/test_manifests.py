@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sluice.cli import build_parser
+from sluice.cli.main import build_parser
 from tests.k8s.kustomize_lite import render as render_in_python
 
 K8S = Path(__file__).parents[2] / "k8s"

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.request import Request
 from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.step_plan import StepOutcome, StepPlan
-from sluice.logprobs import Logprobs
-from sluice.sampling_params import SamplingParams
+from sluice.core.logprobs import Logprobs
+from sluice.core.sampling_params import SamplingParams
+from sluice.core.step_plan import StepOutcome, StepPlan
 
 EOS = 0
 

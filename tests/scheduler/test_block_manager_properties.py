@@ -8,7 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.request import Request
-from sluice.sampling_params import SamplingParams
+from sluice.core.sampling_params import SamplingParams
 
 BLOCK_SIZE = 2
 NUM_BLOCKS = 12

@@ -2,7 +2,7 @@ import pytest
 
 from scheduler_svc.request import FinishReason, RequestStatus
 from sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
-from sluice.errors import InvalidArgument, ResourceExhausted
+from sluice.core.errors import InvalidArgument, ResourceExhausted
 
 
 def _admission_order(policy):

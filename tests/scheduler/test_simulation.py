@@ -7,7 +7,7 @@ import pytest
 
 from scheduler_svc.request import FinishReason
 from sched_testkit import EOS, FakeWorker, make_request, make_scheduler
-from sluice.errors import ResourceExhausted
+from sluice.core.errors import ResourceExhausted
 
 NUM_REQUESTS = 1000
 BLOCK_SIZE = 16

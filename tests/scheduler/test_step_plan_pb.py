@@ -1,8 +1,8 @@
 """The StepPlan / StepOutcome contract survives the wire (worker.proto) with every field set."""
-from scheduler_svc.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
-from scheduler_svc.step_plan_pb import outcome_from_pb, outcome_to_pb, plan_from_pb, plan_to_pb
-from sluice.logprobs import Logprobs
-from sluice.sampling_params import SamplingParams
+from sluice.core.logprobs import Logprobs
+from sluice.core.sampling_params import SamplingParams
+from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
+from sluice.core.step_plan_pb import outcome_from_pb, outcome_to_pb, plan_from_pb, plan_to_pb
 
 
 def test_plan_round_trip():

@@ -7,9 +7,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from sluice.auth import BearerTokenAuth
-from sluice.operations import Operations
-from sluice.serving import Service
+from sluice.serving.auth import BearerTokenAuth
+from sluice.serving.operations import Operations
+from sluice.serving.service import Service
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
 from tests.serving.fake_generation import FakeGeneration

@@ -8,8 +8,8 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.launcher import free_port
-from sluice.operations import Operations
+from sluice.cli.launcher import free_port
+from sluice.serving.operations import Operations
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

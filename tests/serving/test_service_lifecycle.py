@@ -3,8 +3,8 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.operations import Operations
-from sluice.serving import Service
+from sluice.serving.operations import Operations
+from sluice.serving.service import Service
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
 from tests.serving.fake_generation import FakeGeneration

@@ -1,5 +1,5 @@
-from scheduler_svc.step_plan import CachedRequest, NewRequest, StepPlan
-from sluice.sampling_params import SamplingParams
+from sluice.core.sampling_params import SamplingParams
+from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from worker_svc.engine import WorkerEngine
 
 BLOCK_SIZE = 16

@@ -3,8 +3,8 @@ requests finish, so the graphs replay at every ladder size up to 8, with padding
 import pytest
 import torch
 
-from sluice.offline import OfflineEngine
-from sluice.sampling_params import SamplingParams
+from sluice.cli.offline import OfflineEngine
+from sluice.core.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 

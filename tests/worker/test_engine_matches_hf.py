@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sluice.model_store import default_gguf_path
+from sluice.cli.model_store import default_gguf_path
 from tests.e2e.hf_reference import hf_greedy
 from tests.worker.stepping import run_greedy
 from worker_svc.config import WorkerConfig

@@ -2,11 +2,11 @@
 tokenizer."""
 import torch
 
-from scheduler_svc.step_plan import CachedRequest, NewRequest, StepPlan
-from sluice.sampling_params import SamplingParams
+from sluice.core.sampling_params import SamplingParams
+from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
-from worker_svc.structured_output import GrammarMatchers, load_llguidance_tokenizer
+from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 BLOCK_SIZE = 16
 

@@ -1,8 +1,8 @@
 """The in-process engine (real Scheduler + WorkerEngine; up to three steps launched ahead) against HF greedy."""
 import pytest
 
-from sluice.offline import OfflineEngine
-from sluice.sampling_params import SamplingParams
+from sluice.cli.offline import OfflineEngine
+from sluice.core.sampling_params import SamplingParams
 from tests.e2e.hf_reference import hf_greedy
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine

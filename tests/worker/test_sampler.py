@@ -8,10 +8,10 @@ from transformers.generation.logits_process import (LogitsProcessorList, MinNewT
                                                     SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
-from sluice.sampling_params import SamplingParams
-from worker_svc.sampler import filter_top_k_top_p_min_p, process_logits, sample
-from worker_svc.sampling_rows import SamplingRows
-from worker_svc.seeded_random import seeded_uniform
+from sluice.core.sampling_params import SamplingParams
+from worker_svc.sampling.ops import filter_top_k_top_p_min_p, process_logits, sample
+from worker_svc.sampling.rows import SamplingRows
+from worker_svc.sampling.seeded_random import seeded_uniform
 
 VOCAB = 512
 EOS = 2

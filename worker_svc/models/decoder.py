@@ -6,8 +6,8 @@ Tokens of all sequences in a step are flattened into one batch: [num_tokens, hid
 import torch
 from torch import nn
 
-from worker_svc.attention_metadata import AttentionMetadata
-from worker_svc.model_config import ModelConfig
+from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import ArchitectureTraits
 
 

@@ -1,0 +1,215 @@
+"""The `sluice bench` subcommands."""
+import asyncio
+import json
+import os
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from sluice.cli.bench.report import format_summary, summarize
+from sluice.cli.bench.workload import BenchRequest, random_workload
+from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
+
+
+def add_bench_commands(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+
+    throughput = bench.add_parser("throughput", help="offline throughput: all requests at once")
+    _add_engine_options(throughput)
+    _add_workload_options(throughput, num_requests=256, input_len=(100, 1024), output_len=(100, 1024))
+    throughput.add_argument("--in-process", action="store_true", help="the same engine without gRPC")
+    throughput.add_argument("--baseline", choices=["hf"], help="also run Hugging Face transformers")
+    throughput.add_argument("--hf-batch-size", type=int, default=256)
+    throughput.set_defaults(run=_throughput)
+
+    latency = bench.add_parser("latency", help="batch-1 time per output token")
+    _add_engine_options(latency)
+    _add_workload_options(latency, num_requests=3, input_len=(128, 128), output_len=(128, 128))
+    latency.add_argument("--in-process", action="store_true")
+    latency.set_defaults(run=_latency)
+
+    serve = bench.add_parser("serve", help="Poisson arrivals or fixed concurrency against a running router")
+    serve.add_argument("--address", default="127.0.0.1:50051")
+    serve.add_argument("--vocab-size", type=int, default=49152)
+    serve.add_argument("--rate", type=float, help="requests per second (Poisson); default: all at once")
+    serve.add_argument("--concurrency", type=int)
+    _add_workload_options(serve, num_requests=200, input_len=(1024, 1024), output_len=(256, 256))
+    serve.set_defaults(run=_serve)
+
+
+def _add_engine_options(parser) -> None:
+    add_worker_options(parser)
+    add_scheduler_options(parser)
+
+
+def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
+    parser.add_argument("--num-requests", type=int, default=num_requests)
+    parser.add_argument("--input-len", type=int, nargs=2, default=input_len, metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=output_len, metavar=("MIN", "MAX"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+
+
+def _vocab_size(args) -> int:
+    if args.load_format == "dummy":
+        from worker_svc.models.shapes import shape_config
+
+        return shape_config(str(args.model))["vocab_size"]
+    return json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+
+
+def _resolve_model(args) -> None:
+    if args.model is None:
+        from sluice.cli.model_store import default_model
+
+        args.model = default_model()
+
+
+def _workload(args) -> list[BenchRequest]:
+    return random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), _vocab_size(args),
+                           args.seed)
+
+
+def _warm_up(args) -> list[BenchRequest]:
+    """Four requests drawn like the workload's, from another seed: they hit no prefix cache in the timed run."""
+    return random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args), args.seed + 1)
+
+
+def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
+    from sluice.cli.bench.grpc_load import run_load
+    from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
+    from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+
+    layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
+    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
+    processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
+    try:
+        wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
+        asyncio.run(run_load(layout.router_address, _warm_up(args)))
+        services = dict(zip(("worker", "scheduler", "router"), (process.pid for process in processes)))
+        cpu = ProcessCpu(services | {"client": os.getpid()})
+        traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
+        busy_cores = cpu.busy_cores(duration)
+    finally:
+        stop_services(processes)
+    print(format_busy_cores(busy_cores))
+    return {"name": "sluice (gRPC stack)", **summarize(traces, duration), "busy_cores": busy_cores}
+
+
+def _offline_engine(args, enable_prefix_caching: bool):
+    from sluice.cli.offline import OfflineEngine
+    from worker_svc.config import WorkerConfig
+    from worker_svc.engine import WorkerEngine
+
+    worker = WorkerEngine.load(WorkerConfig(
+        model=str(args.model), load_format=args.load_format, dtype=args.dtype, device=args.device,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager, kernels=args.kernels))
+    return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
+                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                         enable_prefix_caching=enable_prefix_caching)
+
+
+def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
+    """(output tokens, seconds) of generating the requests all at once."""
+    from sluice.core.sampling_params import SamplingParams
+
+    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
+    started = time.perf_counter()
+    results = engine.generate([r.prompt_token_ids for r in requests], params)
+    return sum(len(r.token_ids) for r in results), time.perf_counter() - started
+
+
+def _in_process(args, requests: list[BenchRequest]) -> dict:
+    engine = _offline_engine(args, enable_prefix_caching=not args.no_prefix_caching)
+    _timed_generate(engine, _warm_up(args))
+    output_tokens, duration = _timed_generate(engine, requests)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    return {"name": "sluice (in process)", "requests": len(requests), "duration_s": duration,
+            "requests_per_s": len(requests) / duration, "output_tokens_per_s": output_tokens / duration,
+            "total_tokens_per_s": (output_tokens + prompt_tokens) / duration}
+
+
+def _hf(args, requests: list[BenchRequest]):
+    """Hugging Face's static batches, then its continuous batching, each result as it is measured."""
+    import gc
+
+    import torch
+
+    from sluice.cli.bench.hf_baseline import continuous_generate, load_hf_model, static_generate
+    from worker_svc.config import WorkerConfig
+
+    gc.collect()  # the Sluice engine measured before gives its device memory back
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    model = load_hf_model(str(args.model), args.load_format, WorkerConfig(model="", dtype=args.dtype).torch_dtype,
+                          args.device)
+    yield static_generate(model, requests, args.hf_batch_size)
+    yield continuous_generate(model, requests)
+
+
+def _throughput(args) -> None:
+    _resolve_model(args)
+    requests = _workload(args)
+    results = [_in_process(args, requests) if args.in_process else _through_grpc(args, requests)]
+    _print_throughput(results[0], results[0]["output_tokens_per_s"])
+    for result in _hf(args, requests) if args.baseline == "hf" else ():
+        results.append(result)
+        _print_throughput(result, results[0]["output_tokens_per_s"])
+    _write(args.out, {"workload": _vars_of(args), "results": results})
+
+
+def _print_throughput(result: dict, sluice_rate: float) -> None:
+    result["sluice_speedup"] = sluice_rate / result["output_tokens_per_s"]
+    print(f"{result['name']:34} {result['requests_per_s']:8.2f} req/s {result['output_tokens_per_s']:10.1f} "
+          f"output tok/s {result['total_tokens_per_s']:10.1f} total tok/s   sluice x{result['sluice_speedup']:.2f}",
+          flush=True)
+
+
+def _latency(args) -> None:
+    if args.output_len[0] < 2:
+        raise SystemExit("--output-len must be at least 2: the time per token is measured after the first")
+    _resolve_model(args)
+    requests = _workload(args)
+    if args.in_process:
+        # time per output token after the first: a whole generation less one of a single token, no prefix cache
+        engine = _offline_engine(args, enable_prefix_caching=False)
+        _timed_generate(engine, _warm_up(args)[:1])
+        per_token = []
+        for request in requests:
+            _, first_token = _timed_generate(engine, [replace(request, max_tokens=1)])
+            _, whole = _timed_generate(engine, [request])
+            per_token.append((whole - first_token) / (request.max_tokens - 1) * 1000)
+        summary = {"name": "sluice (in process)", "ms_per_token": statistics.median(per_token)}
+    else:
+        result = _through_grpc(args, requests, concurrency=1)
+        summary = {"name": "sluice (gRPC stack)", "ms_per_token": result["tpot_ms"]["p50"],
+                   "ttft_ms": result["ttft_ms"]["p50"], "busy_cores": result["busy_cores"]}
+    print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
+    _write(args.out, {"workload": _vars_of(args), "results": [summary]})
+
+
+def _serve(args) -> None:
+    from tqdm import tqdm
+
+    from sluice.cli.bench.grpc_load import run_load
+
+    requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), args.vocab_size,
+                               args.seed)
+    with tqdm(total=len(requests), desc="requests") as progress:
+        traces, duration = asyncio.run(run_load(args.address, requests, args.rate, args.concurrency, args.seed,
+                                                progress))
+    summary = summarize(traces, duration)
+    print(format_summary(f"rate {args.rate or 'inf'} req/s, concurrency {args.concurrency or 'unbounded'}", summary))
+    _write(args.out, {"workload": _vars_of(args), "summary": summary,
+                      "requests": [{"ttft": t.ttft, "itls": t.itls} for t in traces]})
+
+
+def _vars_of(args) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "run"}
+
+
+def _write(path: Path | None, payload: dict) -> None:
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2))

@@ -1,0 +1,167 @@
+"""The `sluice` command. Environment variables are read only here and in model_store (the cache folder)."""
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from sluice.cli.bench.commands import add_bench_commands
+from sluice.cli.generate_command import add_generate_command
+from sluice.cli.model_store import default_model
+from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
+                                     operations_flags, operations_from)
+from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
+
+_DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="An LLM inference server over gRPC.")
+    parser.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_fetch_model(commands)
+    _add_serve(commands)
+    _add_worker(commands)
+    _add_scheduler(commands)
+    _add_router(commands)
+    add_generate_command(commands, os.environ.get("SLUICE_ADDRESS", _DEFAULT_ROUTER_ADDRESS),
+                         os.environ.get("SLUICE_AUTH_TOKEN"))
+    add_bench_commands(commands)
+    return parser
+
+
+def _add_fetch_model(commands) -> None:
+    command = commands.add_parser("fetch-model", help="download the default model into the cache folder")
+    command.set_defaults(run=lambda args: print(default_model()))
+
+
+def _add_serve(commands) -> None:
+    command = commands.add_parser("serve", help="start router, scheduler and worker; Ctrl-C stops all three")
+    command.add_argument("--host", default="127.0.0.1")
+    command.add_argument("--port", type=int, default=50051, help="the router's port")
+    command.add_argument("--startup-timeout", type=float, default=600.0)
+    add_worker_options(command)
+    add_scheduler_options(command)
+    add_operations_options(command)
+    add_access_options(command)
+    command.set_defaults(run=_serve)
+
+
+def _serve(args) -> None:
+    from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+
+    args.model = args.model or default_model()
+    layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
+    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
+    router_flags += access_flags(args)
+    worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
+    processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
+                               [*router_flags, *router])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        wait_until_serving(layout.router_address, "sluice.v1.Generation", args.startup_timeout, processes)
+        print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
+        while all(process.poll() is None for process in processes):
+            time.sleep(0.5)
+        sys.exit("sluice: a service exited; stopping the others")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_services(processes)
+
+
+def _add_worker(commands) -> None:
+    command = commands.add_parser("worker", help="run one worker (data plane)")
+    command.add_argument("--listen", default="127.0.0.1:50053")
+    add_worker_options(command)
+    add_operations_options(command)
+    command.set_defaults(run=_worker)
+
+
+def _worker(args) -> None:
+    from worker_svc.config import WorkerConfig
+    from worker_svc.server import serve
+
+    config = WorkerConfig(model=str(args.model or default_model()), load_format=args.load_format, dtype=args.dtype,
+                          device=args.device, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                          kernels=args.kernels)
+    _run_service(args, lambda operations: serve(config, args.listen, operations))
+
+
+def _add_scheduler(commands) -> None:
+    command = commands.add_parser("scheduler", help="run the scheduler (control plane)")
+    command.add_argument("--listen", default="127.0.0.1:50052")
+    command.add_argument("--worker", default="127.0.0.1:50053", help="the worker's address")
+    add_scheduler_options(command)
+    add_operations_options(command)
+    command.set_defaults(run=_scheduler)
+
+
+def _scheduler(args) -> None:
+    from scheduler_svc.server import serve
+
+    _run_service(args, lambda operations: serve(
+        args.worker, args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy))
+
+
+def _add_router(commands) -> None:
+    command = commands.add_parser("router", help="run the public router")
+    command.add_argument("--listen", default=_DEFAULT_ROUTER_ADDRESS)
+    command.add_argument("--scheduler", default="127.0.0.1:50052",
+                         help="the scheduler's address; comma-separated to balance over several replicas")
+    command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
+    command.add_argument("--no-tokenizer", action="store_true", help="token ids in and out (random-weight models)")
+    add_operations_options(command)
+    add_access_options(command)
+    command.set_defaults(run=_router)
+
+
+def _router(args) -> None:
+    from router.server import serve
+
+    tokenizer = None if args.no_tokenizer else args.model or default_model()
+    interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
+    schedulers = args.scheduler.split(",")
+    _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen, operations, interceptors,
+                                                credentials))
+
+
+def _tracing_enabled() -> bool:
+    """Tracing is on when an OTLP endpoint is configured (the exporter reads the other OTEL_* variables itself)."""
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return bool(endpoint) and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
+
+
+def _run_service(args, serve) -> None:
+    """Runs serve(operations) until a signal: SIGTERM or SIGINT drains the service, a second one stops it at once."""
+    async def run():
+        operations = operations_from(args, _tracing_enabled())
+        task = asyncio.current_task()
+
+        def on_signal():
+            if operations.shutdown.is_set():
+                task.cancel()
+            operations.shutdown.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await serve(operations)
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(run())
+

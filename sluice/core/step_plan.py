@@ -1,0 +1,54 @@
+"""What the scheduler hands the worker for one engine step, and what comes back.
+
+The worker caches every request it has seen, so a request is sent whole once (NewRequest) and afterwards only
+as a diff (CachedRequest). A preempted request is dropped by the worker and later sent whole again.
+"""
+from dataclasses import dataclass, field
+
+from sluice.core.logprobs import Logprobs
+from sluice.core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequest:
+    request_id: str
+    token_ids: list[int]  # prompt, plus tokens generated before a preemption
+    block_ids: list[int]  # the request's whole block table so far
+    num_computed_tokens: int  # tokens whose KV is already in the cache (prefix-cache hits, a fork's shared prompt)
+    sampling_params: SamplingParams
+    num_output_tokens: int = 0  # the tail of token_ids that the request generated before a preemption
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C context of the scheduler's span, when traced
+
+
+@dataclass(slots=True)
+class CachedRequest:
+    request_id: str
+    new_block_ids: list[int]  # appended to the worker's copy of the block table
+    num_computed_tokens: int  # tokens whose KV is in the cache before this step
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequest] = field(default_factory=list)
+    cached_requests: list[CachedRequest] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to compute, in batch order
+    finished_request_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted since the last step
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) KV blocks to copy first
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens and not self.finished_request_ids
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    step_id: int
+    sampled_token_ids: dict[str, int]  # request id -> sampled token, only for requests that reached their last token
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, where asked
+    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the prompt tokens this step predicted
+    grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete

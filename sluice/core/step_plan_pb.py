@@ -1,0 +1,72 @@
+"""The StepPlan / StepOutcome contract on the wire (worker.proto), packed as the proto describes."""
+from itertools import accumulate
+
+from sluice.core.logprobs_pb import logprobs_from_pb, logprobs_to_pb
+from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
+from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
+from sluice.v1 import worker_pb2 as pb
+
+
+def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
+    cached = plan.cached_requests
+    return pb.StepRequest(
+        step_id=plan.step_id,
+        new_requests=[
+            pb.NewRequest(request_id=r.request_id, token_ids=r.token_ids, block_ids=r.block_ids,
+                          num_computed_tokens=r.num_computed_tokens, sampling=sampling_params_to_pb(r.sampling_params),
+                          num_output_tokens=r.num_output_tokens, trace_context=r.trace_context)
+            for r in plan.new_requests
+        ],
+        cached_requests=pb.CachedRequests(
+            request_ids=[r.request_id for r in cached],
+            new_block_counts=[len(r.new_block_ids) for r in cached],
+            new_block_ids=[block for r in cached for block in r.new_block_ids],
+            num_computed_tokens=[r.num_computed_tokens for r in cached],
+        ),
+        scheduled_request_ids=list(plan.num_scheduled_tokens),
+        num_scheduled_tokens=list(plan.num_scheduled_tokens.values()),
+        finished_request_ids=plan.finished_request_ids,
+        block_copy_sources=[source for source, _ in plan.block_copies],
+        block_copy_destinations=[destination for _, destination in plan.block_copies],
+    )
+
+
+def plan_from_pb(message: pb.StepRequest) -> StepPlan:
+    cached = message.cached_requests
+    ends = list(accumulate(cached.new_block_counts))
+    starts = [0, *ends[:-1]]
+    block_ids = list(cached.new_block_ids)
+    return StepPlan(
+        step_id=message.step_id,
+        new_requests=[
+            NewRequest(r.request_id, list(r.token_ids), list(r.block_ids), r.num_computed_tokens,
+                       sampling_params_from_pb(r.sampling), r.num_output_tokens, dict(r.trace_context))
+            for r in message.new_requests
+        ],
+        cached_requests=[
+            CachedRequest(request_id, block_ids[start:end], computed)
+            for request_id, start, end, computed in zip(cached.request_ids, starts, ends, cached.num_computed_tokens)
+        ],
+        num_scheduled_tokens=dict(zip(message.scheduled_request_ids, message.num_scheduled_tokens)),
+        finished_request_ids=list(message.finished_request_ids),
+        block_copies=list(zip(message.block_copy_sources, message.block_copy_destinations)),
+    )
+
+
+def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
+    return pb.StepResult(
+        step_id=outcome.step_id, request_ids=list(outcome.sampled_token_ids),
+        sampled_token_ids=list(outcome.sampled_token_ids.values()),
+        logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.logprobs.items()},
+        prompt_logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.prompt_logprobs.items()},
+        grammar_completed_request_ids=outcome.grammar_completed_request_ids,
+    )
+
+
+def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
+    return StepOutcome(
+        message.step_id, dict(zip(message.request_ids, message.sampled_token_ids)),
+        logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.logprobs.items()},
+        prompt_logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.prompt_logprobs.items()},
+        grammar_completed_request_ids=list(message.grammar_completed_request_ids),
+    )

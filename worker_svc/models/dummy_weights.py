@@ -1,0 +1,53 @@
+"""Random weights of a named shape, in Hugging Face layout, so the same tensors can also feed transformers."""
+import torch
+
+from worker_svc.models.model_config import ModelConfig
+from worker_svc.models.registry import traits_for
+from worker_svc.models.shapes import shape_config
+
+INIT_STD = 0.02
+
+
+def dummy_checkpoint(shape: str, dtype: torch.dtype, device: torch.device,
+                     seed: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(hf_config, hf_state_dict) of random weights of a named shape."""
+    hf_config = shape_config(shape)
+    return hf_config, random_state_dict(hf_config, dtype, device, seed)
+
+
+def random_state_dict(hf_config: dict, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    """Hugging Face-named random weights: norms = 1, everything else ~ N(0, INIT_STD)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return {
+        name: torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight")
+        else torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=generator)
+        for name, size in _hf_parameter_shapes(ModelConfig.from_hf(hf_config)).items()
+    }
+
+
+def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    traits = traits_for(config.architecture)
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for layer in range(config.num_layers):
+        p = f"model.layers.{layer}."
+        shapes |= {
+            f"{p}self_attn.q_proj.weight": (q_size, hidden),
+            f"{p}self_attn.k_proj.weight": (kv_size, hidden),
+            f"{p}self_attn.v_proj.weight": (kv_size, hidden),
+            f"{p}self_attn.o_proj.weight": (hidden, q_size),
+            f"{p}mlp.gate_proj.weight": (config.intermediate_size, hidden),
+            f"{p}mlp.up_proj.weight": (config.intermediate_size, hidden),
+            f"{p}mlp.down_proj.weight": (hidden, config.intermediate_size),
+            f"{p}input_layernorm.weight": (hidden,),
+            f"{p}post_attention_layernorm.weight": (hidden,),
+        }
+        if traits.qkv_bias:
+            shapes |= {f"{p}self_attn.q_proj.bias": (q_size,), f"{p}self_attn.k_proj.bias": (kv_size,),
+                       f"{p}self_attn.v_proj.bias": (kv_size,)}
+        if traits.qk_norm:
+            shapes |= {f"{p}self_attn.q_norm.weight": (head_dim,), f"{p}self_attn.k_norm.weight": (head_dim,)}
+    return shapes

@@ -1,0 +1,78 @@
+import torch
+import torch.nn.functional as F
+
+from worker_svc.models.attention_metadata import AttentionMetadata
+
+
+class TorchOps:
+    """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path."""
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        residual = residual + x
+        return self.rms_norm(residual, weight, eps), residual
+
+    @staticmethod
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def norm_linear(self, x, residual, norm_weight, eps, weight, bias=None, gated=False, out_dtype=None):
+        """(linear(rmsnorm(x + residual)), x + residual), or with residual None (linear(rmsnorm(x)), x); `gated`
+        applies silu_and_mul to the projection, out_dtype converts the result."""
+        if residual is None:
+            h, residual = self.rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        y = self.linear(h, weight, bias)
+        if gated:
+            y = self.silu_and_mul(y)
+        return (y if out_dtype is None else y.to(out_dtype)), residual
+
+    def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
+                    slot_mapping) -> torch.Tensor:
+        # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]
+        num_kv_heads = key_cache.shape[2]
+        q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+        if q_norm_weight is not None:
+            q, k = self.rms_norm(q, q_norm_weight, eps), self.rms_norm(k, k_norm_weight, eps)
+        cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        key_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+        value_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+        return q
+
+    @staticmethod
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
+        num_heads, head_dim = q.shape[1:]
+        block_size = key_cache.shape[1]
+        num_blocks = -(-meta.max_seq_len // block_size)
+        tables = meta.block_tables[:, :num_blocks].long()
+        k = key_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]  # [num_seqs, max_seq_len, num_kv_heads, head_dim]
+        v = value_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]
+
+        padded_q = q.new_zeros(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
+        padded_q[meta.token_seq_index, meta.token_query_pos] = q
+        query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
+        first_query_pos = (meta.seq_lens - query_lens).long()
+        query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len)[None]  # [num_seqs, max_query_len]
+        mask = torch.arange(meta.max_seq_len)[None, None] <= query_pos[:, :, None]
+        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask[:, None], scale=scale, enable_gqa=True)
+        return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)

@@ -1,0 +1,28 @@
+import torch
+
+from worker_svc.models.model_config import ModelConfig
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    per_token = 2 * config.num_kv_heads * config.head_dim * torch.finfo(dtype).bits // 8
+    return per_token * block_size * config.num_layers
+
+
+def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (key_cache, value_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(config.num_layers)
+    ]
+
+
+def copy_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], copies: list[tuple[int, int]]) -> None:
+    """Copies whole KV blocks, source to destination, in every layer (a forked sample's private last block)."""
+    device = kv_caches[0][0].device
+    sources = torch.tensor([source for source, _ in copies], dtype=torch.int64, device=device)
+    destinations = torch.tensor([destination for _, destination in copies], dtype=torch.int64, device=device)
+    for key_cache, value_cache in kv_caches:
+        key_cache.index_copy_(0, destinations, key_cache.index_select(0, sources))
+        value_cache.index_copy_(0, destinations, value_cache.index_select(0, sources))

@@ -1,0 +1,109 @@
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from sluice.core.logprobs import Logprobs
+from sluice.core.step_plan import StepOutcome, StepPlan
+from worker_svc.runner.batch_state import BatchState, RequestState
+from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.kv_cache import copy_blocks
+from worker_svc.runner.logits_rows import logits_rows
+from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
+from worker_svc.sampling.step import DeviceSample, StepSampler
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose work is queued on the device; its sampled tokens are on their way to the host."""
+
+    step_id: int
+    sample: DeviceSample | None = None
+    sampled: list[RequestState] = field(default_factory=list)  # the requests that sampled, in sample order
+    host_token_ids: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    outcome: StepOutcome | None = None
+
+    def ready(self) -> bool:
+        """Whether the sampled tokens are on the host (a query that never blocks)."""
+        return self.copied is None or self.copied.query()
+
+    def wait(self) -> None:
+        """Blocks until the sampled tokens are on the host."""
+        if self.copied is not None:
+            self.copied.synchronize()
+
+
+class ModelRunner:
+    """Turns a StepPlan into tensors, runs the model over every scheduled token at once, and samples.
+
+    launch() queues a step's work without waiting for the device, so the host prepares step N + 1 while step N runs;
+    finish() collects a launched step's outcome. Steps finish in launch order.
+    """
+
+    def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
+                 decode_graphs: DecodeGraphs | None, sampler: StepSampler):
+        self.model = model
+        self.decode_graphs = decode_graphs
+        self.kv_caches = kv_caches
+        self.cos_sin_cache = cos_sin_cache
+        self.device = device
+        self.batch = BatchState()
+        self.inputs = StepInputBuilder(block_size, device)
+        self.sampler = sampler
+        self._previous: SampledTokens | None = None
+        self._unfinished: deque[LaunchedStep] = deque()  # launched and not finished, oldest first
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        if self._unfinished and self.sampler.grammars.active:
+            self.finish(self._unfinished[-1])  # grammar matchers advance on the host before the next mask
+        self.batch.apply(plan)
+        self.sampler.apply(plan)
+        if plan.block_copies:
+            copy_blocks(self.kv_caches, plan.block_copies)
+        if not plan.num_scheduled_tokens:
+            return LaunchedStep(plan.step_id, outcome=StepOutcome(plan.step_id, {}))
+        request_ids = list(plan.num_scheduled_tokens)
+        states = [self.batch.requests[request_id] for request_id in request_ids]
+        query_lens = list(plan.num_scheduled_tokens.values())
+        rows = logits_rows(request_ids, states, query_lens)
+        inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
+                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous)
+        logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
+        num_samples = len(rows.sample_request_ids)
+        sample = self.sampler.sample(logits[:num_samples], rows.sample_request_ids, inputs.sampling_rows)
+        prompt_logprobs = self.sampler.prompt_logprobs(logits[num_samples:], rows.prompt_targets, rows.prompt_groups)
+        sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
+        self.batch.record_launch(plan, states, sampled)
+        self._previous = SampledTokens(plan.step_id, sample.token_ids)
+        step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
+        if self.device.type == "cuda":
+            step.host_token_ids = sample.token_ids.to("cpu", non_blocking=True)
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+        else:
+            step.host_token_ids = sample.token_ids
+        self._unfinished.append(step)
+        return step
+
+    def finish(self, step: LaunchedStep) -> StepOutcome:
+        """The step's outcome; steps launched before it are finished first."""
+        while step.outcome is None:
+            oldest = self._unfinished.popleft()
+            oldest.wait()
+            token_ids = oldest.host_token_ids.tolist()
+            self.batch.resolve(oldest.sampled, token_ids)
+            result = self.sampler.finish(oldest.sample, token_ids)
+            oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
+                                         oldest.prompt_logprobs, result.grammar_completed_request_ids)
+        return step.outcome
+
+    def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
+        graphs, meta = self.decode_graphs, inputs.meta
+        if graphs is not None and meta.is_pure_decode and graphs.fits(meta.num_seqs):
+            logits = graphs.run(inputs.token_inputs, meta.seq_lens, meta.block_tables)
+            return logits if one_logit_per_token else logits[inputs.logits_indices]
+        return self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, meta,
+                          None if one_logit_per_token else inputs.logits_indices)

@@ -1,0 +1,135 @@
+"""A step's model inputs, computed with numpy on the host and moved to the device in one copy per dtype.
+
+A request's newest token may still be unresolved (sampled by the step before, not yet copied back): its input id is
+taken on the device from that step's sampled tokens, so a step never waits for the one before it.
+"""
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.runner.batch_state import BatchState, RequestState
+
+
+@dataclass(slots=True)
+class StepInputs:
+    token_inputs: torch.Tensor  # [3, num_tokens] int64: input ids, positions and KV slots, one row each
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_logits] int64: the tokens whose logits the step needs
+    sampling_rows: torch.Tensor  # [num_samples] int64: the sampling requests' rows in SamplingRows
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.token_inputs[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.token_inputs[1]
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    step_id: int
+    token_ids: torch.Tensor  # [num_samples] int64 on the device
+
+
+class StepInputBuilder:
+    def __init__(self, block_size: int, device: torch.device):
+        self.block_size = block_size
+        self.device = device
+        # two sets of host buffers, used in turn: a step fills one while the previous step's upload may be pending
+        self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self._uploaded: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+
+    def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
+              sampling_rows: list[int], previous: SampledTokens | None) -> StepInputs:
+        n = len(states)
+        starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n)
+        lens = np.asarray(query_lens, dtype=np.int64)
+        query_start_loc = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        if num_tokens == n:  # a pure decode step: one token per request
+            input_ids = np.fromiter((_token_or_unresolved(s) for s in states), np.int64, n)
+            seq_index, query_pos = np.arange(n), np.zeros(n, dtype=np.int64)
+        else:
+            input_ids = np.fromiter(chain.from_iterable(
+                _chunk(s, start, length) for s, start, length in zip(states, starts.tolist(), query_lens)),
+                np.int64, num_tokens)
+            seq_index = np.repeat(np.arange(n), lens)
+            query_pos = np.arange(num_tokens) - query_start_loc[:-1][seq_index]
+        unresolved = np.flatnonzero(input_ids < 0)
+        unresolved_rows = _previous_rows([states[i] for i in seq_index[unresolved]], previous)
+        positions = starts[seq_index] + query_pos
+        rows = np.fromiter((s.row for s in states), np.int64, n)
+        max_blocks = max(s.num_blocks for s in states)
+        tables = batch.block_table[rows, :max_blocks]
+        slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size \
+            + positions % self.block_size
+        seq_lens = starts + lens
+
+        self._turn ^= 1
+        if self._uploaded[self._turn] is not None:
+            self._uploaded[self._turn].synchronize()
+        longs = self._to_device(torch.int64, [np.stack([input_ids, positions, slots]), seq_index, query_pos,
+                                              logits_indices, sampling_rows, unresolved, unresolved_rows])
+        ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel()])
+        if self.device.type == "cuda":
+            self._uploaded[self._turn] = torch.cuda.Event()
+            self._uploaded[self._turn].record()
+        token_inputs_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
+        token_inputs_t = token_inputs_t.view(3, num_tokens)
+        if unresolved.size:
+            token_inputs_t[0].index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
+        query_start_loc_t, seq_lens_t, tables_t = ints
+        meta = AttentionMetadata(
+            slot_mapping=token_inputs_t[2], query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
+            block_tables=tables_t.view(n, max_blocks), token_seq_index=seq_index_t, token_query_pos=query_pos_t,
+            max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
+        return StepInputs(token_inputs_t, meta, logits_t, rows_t)
+
+    def _to_device(self, dtype: torch.dtype, arrays: list) -> list[torch.Tensor]:
+        """Packs arrays into one host buffer (pinned on a GPU) and copies it to the device at once. Each array starts
+        at a 16-byte-aligned offset: Triton compiles a kernel once per alignment of its pointer arguments."""
+        arrays = [np.asarray(a).ravel() for a in arrays]
+        align = 16 // dtype.itemsize
+        pieces = list(chain.from_iterable((a.size, -a.size % align) for a in arrays))  # each array, its padding
+        host = self._host_buffer(dtype, sum(pieces))
+        host_array = host.numpy()
+        start = 0
+        for a, padding in zip(arrays, pieces[1::2]):
+            host_array[start:start + a.size] = a
+            start += a.size + padding
+        packed = host.to(self.device, non_blocking=True) if self.device.type != "cpu" else host.clone()
+        return packed.split_with_sizes(pieces)[::2]
+
+    def _host_buffer(self, dtype: torch.dtype, size: int) -> torch.Tensor:
+        buffer = self._staging.get((dtype, self._turn))
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(max(size, 2 * (buffer.numel() if buffer is not None else 0)), dtype=dtype)
+            if self.device.type == "cuda":
+                buffer = buffer.pin_memory()
+            self._staging[dtype, self._turn] = buffer
+        return buffer[:size]
+
+
+def _token_or_unresolved(state: RequestState) -> int:
+    index = state.num_computed_tokens
+    return state.token_ids[index] if index < len(state.token_ids) else -1
+
+
+def _chunk(state: RequestState, start: int, length: int) -> list[int]:
+    tokens = state.token_ids[start:start + length]
+    return tokens if len(tokens) == length else tokens + [-1] * (length - len(tokens))
+
+
+def _previous_rows(states: list[RequestState], previous: SampledTokens | None) -> list[int]:
+    """Where each unresolved input token (the request's newest) is in the previous step's sampled tokens."""
+    for state in states:
+        if previous is None or state.sampled_step != previous.step_id or \
+                state.num_computed_tokens != state.num_tokens - 1:
+            raise RuntimeError("an input token is neither on the host nor among the previous step's samples")
+    return [state.sampled_row for state in states]

@@ -1,0 +1,192 @@
+"""Every live request's sampling parameters and history in one row of persistent tensors: a step gathers the rows of
+the requests it samples instead of rebuilding them from Python lists, and records the sampled tokens in place.
+
+A joining request's row is staged on the host and uploaded with the next gather, in one asynchronous copy per table:
+writing device tensors element by element from Python would make the host wait for the device."""
+from dataclasses import dataclass
+
+import torch
+
+from sluice.core.sampling_params import SamplingParams
+from worker_svc.runner.upload import StagedRows, upload
+from worker_svc.sampling.bad_words import BadWords
+from worker_svc.sampling.ops import Penalties, RandomDraws, SamplingTensors, SparseLogits
+
+_INITIAL_ROWS = 16
+_FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns
+_INTS = ("top_k", "num_output", "min_tokens", "seed_low", "seed_high")  # int64 columns
+_F = {name: i for i, name in enumerate(_FLOATS)}
+_I = {name: i for i, name in enumerate(_INTS)}
+
+
+@dataclass(slots=True)
+class _Row:
+    index: int
+    params: SamplingParams
+
+
+class PaddedTable:
+    """A list of (token id, value) pairs per row, of any length, padded with token id `pad_id` and value 0."""
+
+    def __init__(self, num_rows: int, pad_id: int, device: torch.device):
+        self.pad_id = pad_id
+        self.device = device
+        self.ids = torch.full((num_rows, 0), pad_id, dtype=torch.int64, device=device)
+        self.values = torch.zeros(num_rows, 0, device=device)
+        self._rows: StagedRows[tuple[list[int], list[float]]] = StagedRows()
+
+    def set_row(self, row: int, ids: list[int], values: list[float]) -> None:
+        self._rows.stage(row, (ids, values), bool(ids))
+
+    def flush(self) -> None:
+        staged = self._rows.take()
+        if not staged:
+            return
+        width = max(self.ids.shape[1], *(len(ids) for ids, _ in staged.values()))
+        if width > self.ids.shape[1]:
+            self.ids = _pad(self.ids, 1, width - self.ids.shape[1], self.pad_id)
+            self.values = _pad(self.values, 1, width - self.values.shape[1], 0.0)
+        rows = upload(list(staged), torch.int64, self.device)
+        padding = [width - len(ids) for ids, _ in staged.values()]
+        self.ids[rows] = upload([ids + [self.pad_id] * pad for (ids, _), pad in zip(staged.values(), padding)],
+                                torch.int64, self.device)
+        self.values[rows] = upload([values + [0.0] * pad for (_, values), pad in zip(staged.values(), padding)],
+                                   torch.float32, self.device)
+
+    def add_rows(self, num_rows: int) -> None:
+        self.ids = _pad(self.ids, 0, num_rows, self.pad_id)
+        self.values = _pad(self.values, 0, num_rows, 0.0)
+
+
+class SamplingRows:
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.device = device
+        self._rows: dict[str, _Row] = {}
+        self._free = list(range(_INITIAL_ROWS - 1, -1, -1))
+        self._floats = torch.zeros(_INITIAL_ROWS, len(_FLOATS), device=device)
+        self._ints = torch.zeros(_INITIAL_ROWS, len(_INTS), dtype=torch.int64, device=device)
+        self._ones = torch.ones(_INITIAL_ROWS, dtype=torch.int64, device=device)
+        self._staged: dict[int, tuple[list[float], list[int]]] = {}  # row -> (floats, ints) to upload
+        self._logit_bias = PaddedTable(_INITIAL_ROWS, vocab_size, device)
+        self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
+        self._allowed = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # allowed_token_ids (values unused)
+        self._bad_words = BadWords(_INITIAL_ROWS, vocab_size, device)
+        # allocated with the first request that has penalties; rows of other requests hold stale history
+        self._output_counts: torch.Tensor | None = None  # [rows, vocab] int32
+        self._prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
+
+    def add(self, request_id: str, params: SamplingParams, seed: int, prompt_ids: list[int],
+            output_ids: list[int]) -> None:
+        if not self._free:
+            self._grow()
+        row = self._rows[request_id] = _Row(self._free.pop(), params)
+        i = row.index
+        floats = [0.0 if params.greedy else params.temperature, params.top_p, params.min_p, params.presence_penalty,
+                  params.frequency_penalty, params.repetition_penalty]
+        ints = [params.top_k if params.top_k > 0 else self.vocab_size, len(output_ids), params.min_tokens,
+                seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF]
+        self._staged[i] = (floats, ints)
+        self._logit_bias.set_row(i, list(params.logit_bias), list(params.logit_bias.values()))
+        bans = self.eos_token_ids + params.stop_token_ids if params.min_tokens else []
+        self._min_tokens_bans.set_row(i, bans, [float("-inf")] * len(bans))
+        self._allowed.set_row(i, params.allowed_token_ids, [0.0] * len(params.allowed_token_ids))
+        self._bad_words.set_row(i, params.bad_words_token_ids, output_ids)
+        if params.has_penalties:
+            self._set_history(i, prompt_ids, output_ids)
+
+    def remove(self, request_id: str) -> None:
+        row = self._rows.pop(request_id, None)
+        if row is not None:
+            self._free.append(row.index)
+
+    def params(self, request_id: str) -> SamplingParams:
+        return self._rows[request_id].params
+
+    def indices(self, request_ids: list[str]) -> list[int]:
+        return [self._rows[request_id].index for request_id in request_ids]
+
+    def gather(self, request_ids: list[str], index: torch.Tensor) -> SamplingTensors:
+        """The SamplingTensors of the requests, whose rows (`indices`) are `index`, already on the device; `allowed`
+        holds allowed_token_ids only (the structured-output mask is the caller's)."""
+        self._flush()
+        params = [self._rows[request_id].params for request_id in request_ids]
+        tensors = SamplingTensors()
+        draws = not all(p.greedy for p in params)
+        penalties = any(p.has_penalties for p in params)
+        min_tokens = any(p.min_tokens for p in params)
+        floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
+        ints = self._ints[index] if draws or min_tokens else None
+        if draws:
+            tensors.draws = RandomDraws(
+                temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
+                min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
+                output_positions=ints[:, _I["num_output"]],
+                needs_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params))
+        if penalties:
+            tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
+                                          floats[:, _F["repetition"]], self._output_counts[index],
+                                          self._prompt_mask[index])
+        sparse = []
+        if any(p.logit_bias for p in params):
+            sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
+        if min_tokens:
+            still_short = (ints[:, _I["num_output"]] < ints[:, _I["min_tokens"]]).unsqueeze(1)
+            bans = self._min_tokens_bans
+            sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
+        if any(p.bad_words_token_ids for p in params):
+            sparse.append(self._bad_words.bans(index))
+        if sparse:
+            tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
+                                          torch.cat([values for _, values in sparse], dim=1))
+        if any(p.allowed_token_ids for p in params):
+            listed = torch.zeros(len(params), self.vocab_size + 1, dtype=torch.bool, device=self.device)
+            listed = listed.scatter_(1, self._allowed.ids[index], True)[:, :self.vocab_size]  # padding lands past it
+            tensors.allowed = listed | ~listed.any(dim=1, keepdim=True)  # a row with no list allows every token
+        return tensors
+
+    def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Counts one sampled token for each row in `index`."""
+        self._ints[:, _I["num_output"]].index_add_(0, index, self._ones[:index.shape[0]])
+        self._bad_words.record(index, token_ids)
+        if self._output_counts is not None:
+            ones = torch.ones_like(token_ids, dtype=torch.int32)
+            self._output_counts.index_put_((index, token_ids), ones, accumulate=True)
+
+    def _flush(self) -> None:
+        if self._staged:
+            rows = upload(list(self._staged), torch.int64, self.device)
+            self._floats[rows] = upload([floats for floats, _ in self._staged.values()], torch.float32, self.device)
+            self._ints[rows] = upload([ints for _, ints in self._staged.values()], torch.int64, self.device)
+            self._staged.clear()
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
+            table.flush()
+
+    def _set_history(self, i: int, prompt_ids: list[int], output_ids: list[int]) -> None:
+        if self._output_counts is None:
+            num_rows = self._ints.shape[0]
+            self._output_counts = torch.zeros(num_rows, self.vocab_size, dtype=torch.int32, device=self.device)
+            self._prompt_mask = torch.zeros(num_rows, self.vocab_size, dtype=torch.bool, device=self.device)
+        outputs = upload(output_ids, torch.int64, self.device)
+        self._output_counts[i] = torch.bincount(outputs, minlength=self.vocab_size)
+        self._prompt_mask[i] = False
+        self._prompt_mask[i, upload(prompt_ids, torch.int64, self.device)] = True
+
+    def _grow(self) -> None:
+        num_rows = self._ints.shape[0]
+        self._floats = _pad(self._floats, 0, num_rows, 0)
+        self._ints = _pad(self._ints, 0, num_rows, 0)
+        self._ones = _pad(self._ones, 0, num_rows, 1)
+        for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
+            table.add_rows(num_rows)
+        if self._output_counts is not None:
+            self._output_counts = _pad(self._output_counts, 0, num_rows, 0)
+            self._prompt_mask = _pad(self._prompt_mask, 0, num_rows, False)
+        self._free.extend(range(2 * num_rows - 1, num_rows - 1, -1))
+
+
+def _pad(tensor: torch.Tensor, dim: int, size: int, fill) -> torch.Tensor:
+    shape = list(tensor.shape)
+    shape[dim] = size
+    return torch.cat([tensor, torch.full(shape, fill, dtype=tensor.dtype, device=tensor.device)], dim=dim)

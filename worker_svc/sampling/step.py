@@ -1,0 +1,85 @@
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from sluice.core.logprobs import Logprobs
+from sluice.core.step_plan import StepPlan
+from worker_svc.sampling.ops import sample as sample_tokens
+from worker_svc.sampling.rows import SamplingRows
+from worker_svc.sampling.structured_output import GrammarMatchers
+from worker_svc.sampling.token_logprobs import token_logprobs
+
+
+@dataclass(slots=True)
+class DeviceSample:
+    """A step's sampled tokens, still on the device, and what their logprobs need."""
+
+    request_ids: list[str]
+    token_ids: torch.Tensor  # [len(request_ids)] int64
+    logprob_logits: torch.Tensor | None = None  # raw logits of the rows that asked for logprobs
+    logprob_rows: list[int] = field(default_factory=list)
+    logprob_groups: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SampleResult:
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    grammar_completed_request_ids: list[str] = field(default_factory=list)
+
+
+class StepSampler:
+    """The worker's sampling side: each live request's sampling row and grammar matcher, kept in step with the
+    plans; samples a step's batch in one pass and reports logprobs where asked."""
+
+    def __init__(self, rows: SamplingRows, grammars: GrammarMatchers, seed: int = 0):
+        self.rows = rows
+        self.grammars = grammars
+        self._unseeded = random.Random(seed)  # seeds for requests that bring none
+
+    def apply(self, plan: StepPlan) -> None:
+        for request_id in plan.finished_request_ids:
+            self.rows.remove(request_id)
+            self.grammars.remove(request_id)
+        for new in plan.new_requests:
+            params = new.sampling_params
+            num_prompt = len(new.token_ids) - new.num_output_tokens
+            prompt_ids, output_ids = new.token_ids[:num_prompt], new.token_ids[num_prompt:]
+            seed = params.seed if params.seed is not None else self._unseeded.getrandbits(64)
+            self.rows.add(new.request_id, params, seed, prompt_ids, output_ids)
+            self.grammars.add(new.request_id, params, output_ids)
+
+    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
+        """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, overwritten;
+        rows: the requests' SamplingRows indices, on the device."""
+        tensors = self.rows.gather(request_ids, rows)
+        groups, logprob_rows = [], []
+        for i, request_id in enumerate(request_ids):
+            num_top = self.rows.params(request_id).logprobs
+            if num_top is not None:
+                groups.append((request_id, 1, num_top))
+                logprob_rows.append(i)
+        raw = logits[logprob_rows] if groups else None
+        grammar_allowed = self.grammars.allowed_tokens(request_ids)
+        if grammar_allowed is not None:
+            tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
+        token_ids = sample_tokens(logits, tensors)
+        self.rows.record(rows, token_ids)
+        return DeviceSample(request_ids, token_ids, raw, logprob_rows, groups)
+
+    def finish(self, sample: DeviceSample, token_ids: list[int]) -> SampleResult:
+        """The host side once the sampled tokens (`token_ids`, in sample order) have arrived."""
+        result = SampleResult(dict(zip(sample.request_ids, token_ids)),
+                              grammar_completed_request_ids=self.grammars.advance(sample.request_ids, token_ids))
+        if sample.logprob_groups:
+            result.logprobs = token_logprobs(sample.logprob_logits, sample.token_ids[sample.logprob_rows],
+                                             sample.logprob_groups)
+        return result
+
+    @staticmethod
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int],
+                        groups: list[tuple[str, int, int]]) -> dict[str, Logprobs]:
+        if not groups:
+            return {}
+        return token_logprobs(logits, torch.tensor(targets, device=logits.device), groups)

@@ -1,0 +1,89 @@
+"""Structured output in the worker: one llguidance matcher per constrained request. Each step fills the batch's
+token bitmask before sampling and advances the matchers with the sampled tokens."""
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from sluice.core.grammar import grammar_for
+from sluice.core.sampling_params import SamplingParams
+
+log = logging.getLogger("sluice.worker")
+
+
+def load_llguidance_tokenizer(model_path: Path, vocab_size: int,
+                              eos_token_ids: tuple[int, ...]) -> llguidance.LLTokenizer:
+    from transformers import AutoTokenizer
+
+    if model_path.suffix == ".gguf":
+        hf_tokenizer = AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name)
+    else:
+        hf_tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None)
+
+
+class GrammarMatchers:
+    def __init__(self, load_tokenizer: Callable[[], llguidance.LLTokenizer] | None, vocab_size: int,
+                 device: torch.device):
+        self._load_tokenizer = load_tokenizer
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._executor: llguidance.LLExecutor | None = None
+        self.vocab_size = vocab_size
+        self.device = device
+        self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._bit_positions = torch.arange(32, dtype=torch.int32, device=device)
+
+    def add(self, request_id: str, params: SamplingParams, output_ids: list[int]) -> None:
+        grammar = grammar_for(params)
+        if grammar is None:
+            return
+        if self._load_tokenizer is None:
+            log.warning("request %s: no tokenizer for structured output; it runs unconstrained", request_id)
+            return
+        if self._tokenizer is None:
+            self._tokenizer = self._load_tokenizer()
+            self._executor = llguidance.LLExecutor()
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar)
+        matcher.consume_tokens(output_ids)
+        if matcher.is_error():
+            log.warning("request %s: structured output off: %s", request_id, matcher.get_error())
+            return
+        self._matchers[request_id] = matcher
+
+    def remove(self, request_id: str) -> None:
+        self._matchers.pop(request_id, None)
+
+    @property
+    def active(self) -> bool:
+        """Some live request is constrained."""
+        return bool(self._matchers)
+
+    def allowed_tokens(self, request_ids: list[str]) -> torch.Tensor | None:
+        """[batch, vocab] bool: the tokens each request's grammar allows next (all on unconstrained rows), or None
+        when no request of the batch is constrained."""
+        rows = [(self._matchers[r], i) for i, r in enumerate(request_ids) if r in self._matchers]
+        if not rows:
+            return None
+        bitmask = llguidance.torch.allocate_token_bitmask(len(request_ids), self.vocab_size)
+        llguidance.torch.fill_next_token_bitmask_par(self._executor, rows, bitmask)
+        bits = (bitmask.to(self.device).unsqueeze(-1) >> self._bit_positions) & 1  # [batch, words, 32]
+        return bits.flatten(1)[:, :self.vocab_size].bool()
+
+    def advance(self, request_ids: list[str], token_ids: list[int]) -> list[str]:
+        """Feeds each constrained request its sampled token; returns those whose grammar is now complete."""
+        completed = []
+        for request_id, token_id in zip(request_ids, token_ids):
+            matcher = self._matchers.get(request_id)
+            if matcher is None:
+                continue
+            matcher.consume_token(token_id)
+            if matcher.is_error():
+                log.warning("request %s: structured output off: %s", request_id, matcher.get_error())
+                del self._matchers[request_id]
+            elif matcher.is_stopped():
+                completed.append(request_id)
+        return completed
