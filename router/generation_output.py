@@ -2,13 +2,15 @@
 text, and one Complete message; the stream is done once every sample has completed."""
 from collections.abc import Callable
 
-from router.scheduler_link import Tokens
+from router.request_telemetry import Timings
+from router.scheduler_messages import Finished, Tokens
 from router.stop_strings import StopStringMatcher
+from sluice.core.finish_reason import FinishReason
+from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs import Logprobs
 from sluice.core.logprobs_pb import logprobs_to_pb
 from sluice.core.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
-from sluice.v1 import scheduler_pb2
 
 
 class SampleOutput:
@@ -39,15 +41,17 @@ class SampleOutput:
             chunk.prompt_logprobs.CopyFrom(self._named(delta.prompt_logprobs))
         return chunk
 
-    def complete(self, finished: scheduler_pb2.Finished, timings: pb.Timings) -> list[pb.Chunk | pb.Complete]:
+    def complete(self, finished: Finished, timings: Timings) -> list[pb.Chunk | pb.Complete]:
         """The text held back for a stop string that never came, if any, then the Complete message."""
         tail = self._stop.flush() if self._stop is not None else ""
-        usage = pb.Usage()
-        usage.CopyFrom(finished.usage)
-        reason = finished.reason
+        reason, num_tokens = finished.reason, finished.usage.completion_tokens
         if self.matched_stop:
-            reason, usage.completion_tokens = pb.FINISH_REASON_STOP, self.num_tokens
-        complete = pb.Complete(finish_reason=reason, usage=usage, timings=timings, index=self.index)
+            reason, num_tokens = FinishReason.STOP, self.num_tokens
+        usage = pb.Usage(prompt_tokens=finished.usage.prompt_tokens, completion_tokens=num_tokens,
+                         cached_tokens=finished.usage.cached_tokens)
+        complete = pb.Complete(finish_reason=finish_reason_to_pb(reason), usage=usage, index=self.index,
+                               timings=pb.Timings(time_to_first_token_seconds=timings.time_to_first_token_seconds,
+                                                  total_seconds=timings.total_seconds))
         return [pb.Chunk(text=tail, index=self.index), complete] if tail else [complete]
 
     def _text(self, token_ids: list[int]) -> tuple[str, list[int]]:
@@ -70,7 +74,7 @@ class SampleOutput:
 
 class GenerationOutput:
     def __init__(self, request_id: str, params: SamplingParams, tokenizer, return_token_ids: bool,
-                 timings: Callable[[], pb.Timings]):
+                 timings: Callable[[], Timings]):
         """timings: the request's latencies so far, for each Complete message."""
         self.request_id = request_id
         self.samples = [SampleOutput(i, tokenizer, params, return_token_ids) for i in range(params.n)]
@@ -94,7 +98,7 @@ class GenerationOutput:
             if sample.matched_stop and not had_stopped:
                 self._new_stops.append(index)
         for event in events:
-            if isinstance(event, scheduler_pb2.Finished):
+            if isinstance(event, Finished):
                 out += self.samples[event.index].complete(event, self._timings())
                 self.num_complete += 1
         return [pb.GenerateResponse(request_id=self.request_id, **{_kind(m): m}) for m in out]

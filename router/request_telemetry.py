@@ -1,17 +1,21 @@
 """One request as the router sees it: a GenAI span (prompt text is never recorded) and the latency metrics."""
 import time
+from dataclasses import dataclass
 
 from opentelemetry import trace
 
 from router.metrics import RouterMetrics
-from router.scheduler_link import LinkLost
-from sluice.client import FINISH_REASONS
+from router.scheduler_messages import Event, Finished
 from sluice.core.sampling_params import SamplingParams
 from sluice.serving.tracing import carrier_of
-from sluice.v1 import generation_pb2 as pb
-from sluice.v1 import scheduler_pb2
 
 _OPERATIONS = {"chat": "chat"}  # every other input is a plain completion
+
+
+@dataclass(slots=True)
+class Timings:
+    time_to_first_token_seconds: float
+    total_seconds: float
 
 
 class RouterTelemetry:
@@ -20,9 +24,10 @@ class RouterTelemetry:
         self.metrics = metrics
         self.model_name = model_name
 
-    def begin(self, request: pb.GenerateRequest, request_id: str, num_prompt_tokens: int,
+    def begin(self, input_kind: str, request_id: str, num_prompt_tokens: int,
               params: SamplingParams) -> "RequestTelemetry":
-        operation = _OPERATIONS.get(request.WhichOneof("input"), "text_completion")
+        """input_kind: which input the request carries ("text", "tokens" or "chat")."""
+        operation = _OPERATIONS.get(input_kind, "text_completion")
         span = self.tracer.start_span(f"{operation} {self.model_name}", attributes={
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": self.model_name,
@@ -60,18 +65,17 @@ class RequestTelemetry:
             self.metrics.observe_tokens(num_tokens, now - self._last_token_at)
         self._last_token_at = now
 
-    def timings(self) -> pb.Timings:
+    def timings(self) -> Timings:
         """The request's latencies so far, for the client's Complete message."""
         now = time.perf_counter()
-        return pb.Timings(time_to_first_token_seconds=(self._first_token_at or now) - self._started,
-                          total_seconds=now - self._started)
+        return Timings((self._first_token_at or now) - self._started, now - self._started)
 
-    def ended(self, ending) -> None:
+    def ended(self, ending: Event) -> None:
         """One sample's end (a request with n samples ends n times)."""
         self._ended = True
-        if isinstance(ending, scheduler_pb2.Finished) and not ending.deadline_exceeded:
+        if isinstance(ending, Finished):
             self._finished = True
-            self._finish_reasons.append(FINISH_REASONS.get(ending.reason, "unknown"))
+            self._finish_reasons.append(ending.reason.reported)
             self._num_output_tokens += ending.usage.completion_tokens
             self.span.set_attributes({
                 "gen_ai.response.finish_reasons": self._finish_reasons,
@@ -80,7 +84,7 @@ class RequestTelemetry:
                 "gen_ai.usage.cache_read.input_tokens": ending.usage.cached_tokens,
             })
         else:
-            self.span.set_status(trace.StatusCode.ERROR, _failure(ending))
+            self.span.set_status(trace.StatusCode.ERROR, ending.details)
 
     def close(self) -> None:
         """Ends the span; a request that finished (not cancelled, rejected or expired) counts in the e2e latency."""
@@ -92,10 +96,3 @@ class RequestTelemetry:
         self.span.set_attribute("gen_ai.latency.e2e", e2e)
         self.span.end()
 
-
-def _failure(ending) -> str:
-    if isinstance(ending, LinkLost):
-        return ending.details
-    if isinstance(ending, scheduler_pb2.Rejection):
-        return ending.message
-    return "the request's deadline passed"

@@ -1,13 +1,15 @@
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import grpc
 
+from router.scheduler_messages import Event, Failed, Finished, Submission, Tokens, Usage
 from sluice.core.errors import Unavailable
-from sluice.core.logprobs import Logprobs
+from sluice.core.finish_reason import FinishReason
+from sluice.core.finish_reason_pb import finish_reason_from_pb, finish_reason_to_pb
 from sluice.core.logprobs_pb import logprobs_from_pb
+from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -17,32 +19,10 @@ _SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full
 _UPDATES_AHEAD = 2  # step updates the scheduler may have sent that this router has not dispatched yet
 
 
-@dataclass(slots=True)
-class Tokens:
-    index: int  # the sample
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: Logprobs | None = None
-    prompt_logprobs: Logprobs | None = None
-
-    def extend(self, token_ids, logprobs: Logprobs | None = None, prompt_logprobs: Logprobs | None = None) -> None:
-        """Appends a later step's news."""
-        self.token_ids += token_ids
-        self.logprobs = _joined(self.logprobs, logprobs)
-        self.prompt_logprobs = _joined(self.prompt_logprobs, prompt_logprobs)
-
-
-@dataclass(slots=True)
-class LinkLost:
-    details: str
-
-
-Event = Tokens | scheduler_pb2.Finished | scheduler_pb2.Rejection | LinkLost
-
-
 class SchedulerLink:
     """The router's one bidirectional stream to a scheduler, multiplexing all of this router's requests.
 
-    When the stream breaks, the requests on it end with LinkLost (UNAVAILABLE to their clients), `on_connected`
+    When the stream breaks, the requests on it fail with UNAVAILABLE, `on_connected`
     hears False, and the link waits for the scheduler to be ready again, reconnects, and `on_connected` hears True.
     """
 
@@ -71,18 +51,18 @@ class SchedulerLink:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
-    def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
+    def submit(self, submission: Submission) -> asyncio.Queue[Event]:
         if not self._connected:
             raise Unavailable(f"no link to the scheduler at {self.address}")
         events: asyncio.Queue[Event] = asyncio.Queue()
-        self._streams[submit.request_id] = events
-        self._outgoing.put_nowait(scheduler_pb2.RouterMessage(submit=submit))
+        self._streams[submission.request_id] = events
+        self._outgoing.put_nowait(scheduler_pb2.RouterMessage(submit=_submit_to_pb(submission)))
         return events
 
-    def finish(self, request_id: str, reason: int, index: int | None = None) -> bool:
+    def finish(self, request_id: str, reason: FinishReason, index: int | None = None) -> bool:
         """Asks the scheduler to end a request (ABORT for a cancel), or one sample of it (STOP for a matched stop
         string)."""
-        finish = scheduler_pb2.Finish(request_id=request_id, reason=reason, index=index)
+        finish = scheduler_pb2.Finish(request_id=request_id, reason=finish_reason_to_pb(reason), index=index)
         self._outgoing.put_nowait(scheduler_pb2.RouterMessage(finish=finish))
         return request_id in self._streams
 
@@ -98,7 +78,7 @@ class SchedulerLink:
             await self._set_connected(False)
             log.error("lost the scheduler link: %s", details)
             for events in self._streams.values():
-                events.put_nowait(LinkLost(details))
+                events.put_nowait(Failed(grpc.StatusCode.UNAVAILABLE, details))
             self._streams.clear()
             await wait_until_serving(self.channel, _SCHEDULER_SERVICE, timeout=float("inf"))
             log.info("scheduler %s is ready again: reconnecting", self.address)
@@ -140,7 +120,7 @@ class SchedulerLink:
         for message in (*step.finished, *step.rejections):
             events = self._streams.get(message.request_id)
             if events is not None:
-                events.put_nowait(message)
+                events.put_nowait(_ending_from_pb(message))
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -152,8 +132,22 @@ def _credit(messages: int) -> scheduler_pb2.RouterMessage:
     return scheduler_pb2.RouterMessage(credit=scheduler_pb2.Credit(messages=messages))
 
 
-def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
-    if first is None or second is None:
-        return second if first is None else first
-    first.extend(second)
-    return first
+def _submit_to_pb(submission: Submission) -> scheduler_pb2.Submit:
+    return scheduler_pb2.Submit(
+        request_id=submission.request_id, prompt_token_ids=submission.prompt_token_ids,
+        sampling=sampling_params_to_pb(submission.sampling_params), priority=submission.priority,
+        cache_salt=submission.cache_salt, deadline_unix_seconds=submission.deadline_unix_seconds,
+        trace_context=submission.trace_context)
+
+
+def _ending_from_pb(message: scheduler_pb2.Finished | scheduler_pb2.Rejection) -> Finished | Failed:
+    if isinstance(message, scheduler_pb2.Rejection):
+        return Failed(_status_code(message.status_code), message.message)
+    if message.deadline_exceeded:
+        return Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
+    usage = Usage(message.usage.prompt_tokens, message.usage.completion_tokens, message.usage.cached_tokens)
+    return Finished(message.index, finish_reason_from_pb(message.reason), usage)
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    return next(code for code in grpc.StatusCode if code.value[0] == value)

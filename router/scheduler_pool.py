@@ -3,9 +3,10 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 
-from router.scheduler_link import Event, SchedulerLink
+from router.scheduler_link import SchedulerLink
+from router.scheduler_messages import Event, Submission
 from sluice.core.errors import Unavailable
-from sluice.v1 import generation_pb2, scheduler_pb2
+from sluice.core.finish_reason import FinishReason
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
 LOAD_SLACK = 4  # a replica this many requests above the least loaded one loses its prefix affinity
@@ -25,7 +26,8 @@ class SchedulerPool:
     def ready(self) -> bool:
         return any(link.connected for link in self.links)
 
-    async def model_info(self, timeout: float) -> generation_pb2.ModelInfo:
+    async def model_info(self, timeout: float):
+        """The served model as every replica describes it (the shortest context where they differ)."""
         infos = await asyncio.gather(*(link.model_info(timeout) for link in self.links))
         if len({(info.model, info.vocab_size) for info in infos}) > 1:
             raise ValueError("the schedulers serve different models")
@@ -35,10 +37,10 @@ class SchedulerPool:
         for link in self.links:
             link.start()
 
-    def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
-        link = self.pick(list(submit.prompt_token_ids))
-        self._owner[submit.request_id] = link
-        return link.submit(submit)
+    def submit(self, submission: Submission) -> asyncio.Queue[Event]:
+        link = self.pick(submission.prompt_token_ids)
+        self._owner[submission.request_id] = link
+        return link.submit(submission)
 
     def pick(self, prompt_token_ids: list[int]) -> SchedulerLink:
         connected = [link for link in self.links if link.connected]
@@ -49,7 +51,7 @@ class SchedulerPool:
         prefix = ",".join(map(str, prompt_token_ids[:AFFINITY_PREFIX_TOKENS])).encode()
         return max(eligible, key=lambda link: hashlib.blake2b(prefix + link.address.encode(), digest_size=8).digest())
 
-    def finish(self, request_id: str, reason: int, index: int | None = None) -> bool:
+    def finish(self, request_id: str, reason: FinishReason, index: int | None = None) -> bool:
         link = self._owner.get(request_id)
         return link is not None and link.finish(request_id, reason, index)
 

@@ -1,19 +1,18 @@
 import time
 import uuid
 
-import grpc
-
 from router.generation_output import GenerationOutput
 from router.request_telemetry import RouterTelemetry
-from router.scheduler_link import LinkLost, Tokens
+from router.scheduler_messages import Failed, Submission, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
 from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
 from sluice.core.errors import InvalidArgument
+from sluice.core.finish_reason import FinishReason
 from sluice.core.sampling_params import SamplingParams
-from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
+from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.v1 import generation_pb2 as pb
-from sluice.v1 import generation_pb2_grpc, scheduler_pb2
+from sluice.v1 import generation_pb2_grpc
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -29,14 +28,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         params = self._sampling_params(request.sampling, len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         remaining = context.time_remaining()
-        telemetry = self.telemetry.begin(request, request_id, len(prompt_ids), params)
-        submit = scheduler_pb2.Submit(
-            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling_params_to_pb(params),
-            priority=request.priority, cache_salt=request.cache_salt,
-            deadline_unix_seconds=time.time() + remaining if remaining is not None else 0,
-            trace_context=telemetry.trace_context)
+        telemetry = self.telemetry.begin(request.WhichOneof("input"), request_id, len(prompt_ids), params)
+        submission = Submission(request_id, prompt_ids, params, request.priority, request.cache_salt,
+                                time.time() + remaining if remaining is not None else 0.0, telemetry.trace_context)
         output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids, telemetry.timings)
-        events = self.schedulers.submit(submit)
+        events = self.schedulers.submit(submission)
         try:
             while not output.done:
                 batch = _drain(await events.get(), events)
@@ -49,10 +45,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 for response in output.responses(batch):
                     yield response
                 for index in output.take_new_stops():
-                    self.schedulers.finish(request_id, pb.FINISH_REASON_STOP, index)
+                    self.schedulers.finish(request_id, FinishReason.STOP, index)
         finally:
             if not output.done:
-                self.schedulers.finish(request_id, pb.FINISH_REASON_ABORT)
+                self.schedulers.finish(request_id, FinishReason.ABORT)
             self.schedulers.release(request_id)
             telemetry.close()
 
@@ -85,7 +81,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return params
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        return pb.AbortResponse(found=self.schedulers.finish(request.request_id, pb.FINISH_REASON_ABORT))
+        return pb.AbortResponse(found=self.schedulers.finish(request.request_id, FinishReason.ABORT))
 
     async def GetModelInfo(self, request, context) -> pb.ModelInfo:
         return self.model_info
@@ -107,13 +103,5 @@ def _drain(event, events) -> list:
 
 
 async def _abort_on_failure(ending, context) -> None:
-    if isinstance(ending, LinkLost):
-        await context.abort(grpc.StatusCode.UNAVAILABLE, ending.details)
-    if isinstance(ending, scheduler_pb2.Rejection):
-        await context.abort(_status_code(ending.status_code), ending.message)
-    if ending.deadline_exceeded:
-        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
-
-
-def _status_code(value: int) -> grpc.StatusCode:
-    return next(code for code in grpc.StatusCode if code.value[0] == value)
+    if isinstance(ending, Failed):
+        await context.abort(ending.status, ending.details)

@@ -5,12 +5,13 @@ from collections import deque
 
 from scheduler_svc.outbox import Outbox
 from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.request import Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
 from scheduler_svc.worker_client import WorkerClient
 from sluice.core.errors import Unavailable
+from sluice.core.finish_reason import FinishReason
 from sluice.core.step_plan import StepPlan
 
 log = logging.getLogger("sluice.scheduler")

@@ -1,7 +1,7 @@
 """What the scheduler reports to the router: per-request token deltas and the replica's load."""
 from dataclasses import dataclass
 
-from scheduler_svc.request import FinishReason
+from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 
 

@@ -2,14 +2,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from sluice.core.finish_reason import FinishReason
 from sluice.core.sampling_params import SamplingParams
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"  # EOS, a stop token id, or a stop string the router matched (finish_request(id, STOP))
-    LENGTH = "length"  # max_tokens or max_model_len reached
-    ABORT = "abort"  # cancelled by the client or the router
-    DEADLINE = "deadline"  # the request's deadline passed
 
 
 class RequestStatus(enum.Enum):

@@ -7,13 +7,10 @@ from opentelemetry import trace
 
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.request import Request
 from scheduler_svc.scheduler import Scheduler
 from sluice.core.step_plan import StepPlan
 from sluice.serving.tracing import carrier_of, context_of
-
-_FINISHED_REASON = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
-                    FinishReason.DEADLINE: "abort"}
 
 
 @dataclass(slots=True)
@@ -76,7 +73,7 @@ class SchedulerTelemetry:
                 self.metrics.request_prefill_time.observe(prefill_time)
                 tracked.span.set_attribute("gen_ai.latency.time_in_model_prefill", prefill_time)
             if update.finished:
-                self.metrics.request_success[_FINISHED_REASON[update.finish_reason]].inc()
+                self.metrics.request_success[update.finish_reason.reported].inc()
                 tracked.num_open_samples -= 1
                 if tracked.num_open_samples == 0:
                     self._end(update.request_id, tracked, update)
@@ -105,7 +102,7 @@ class SchedulerTelemetry:
         tracked.span.set_attributes({
             "gen_ai.usage.output_tokens": tracked.num_output_tokens,
             "gen_ai.usage.cache_read.input_tokens": last.num_cached_tokens,
-            "gen_ai.response.finish_reasons": [_FINISHED_REASON[last.finish_reason]],
+            "gen_ai.response.finish_reasons": [last.finish_reason.reported],
             "gen_ai.latency.e2e": time.monotonic() - tracked.arrival,
         })
         tracked.span.end()

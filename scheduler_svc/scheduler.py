@@ -10,10 +10,11 @@ from scheduler_svc.block_manager import NO_PREFIX_HIT, BlockManager
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.parallel_sampling import SampleGroups, split_samples
-from scheduler_svc.request import FinishReason, Request, RequestStatus
+from scheduler_svc.request import Request, RequestStatus
 from scheduler_svc.request_queue import WaitingQueue, policy_key
 from scheduler_svc.stop_check import check_stop
 from sluice.core.errors import InvalidArgument
+from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 

@@ -2,10 +2,11 @@ import asyncio
 
 from scheduler_svc.engine_loop import EngineLoop
 from scheduler_svc.outbox import Outbox
-from scheduler_svc.request import FinishReason
 from scheduler_svc.router_sessions import RouterSessions
-from scheduler_svc.updates_pb import finish_reason_from_pb, load_to_pb, request_from_pb
+from scheduler_svc.updates_pb import load_to_pb, request_from_pb
 from sluice.core.errors import SluiceError
+from sluice.core.finish_reason import FinishReason
+from sluice.core.finish_reason_pb import finish_reason_from_pb
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 

@@ -2,21 +2,12 @@
 import time
 
 from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
-from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.request import Request
+from sluice.core.finish_reason import FinishReason
+from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs_pb import logprobs_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2
-
-_FINISH_REASON_PB = {
-    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: generation_pb2.FINISH_REASON_ABORT,
-    FinishReason.DEADLINE: generation_pb2.FINISH_REASON_ABORT,
-}
-_FINISH_REASON_FROM_PB = {
-    generation_pb2.FINISH_REASON_STOP: FinishReason.STOP,
-    generation_pb2.FINISH_REASON_ABORT: FinishReason.ABORT,
-}
 
 
 def request_from_pb(submit: scheduler_pb2.Submit) -> Request:
@@ -31,10 +22,6 @@ def request_from_pb(submit: scheduler_pb2.Submit) -> Request:
         cache_salt=submit.cache_salt or None,
         deadline=deadline,
     )
-
-
-def finish_reason_from_pb(reason: int) -> FinishReason:
-    return _FINISH_REASON_FROM_PB.get(reason, FinishReason.ABORT)
 
 
 def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
@@ -61,7 +48,7 @@ def _logprobs_to_pb(update: RequestUpdate) -> scheduler_pb2.SampleLogprobs:
 def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
     return scheduler_pb2.Finished(
         request_id=update.request_id,
-        reason=_FINISH_REASON_PB[update.finish_reason],
+        reason=finish_reason_to_pb(update.finish_reason),
         usage=generation_pb2.Usage(prompt_tokens=update.num_prompt_tokens,
                                    completion_tokens=update.num_output_tokens,
                                    cached_tokens=update.num_cached_tokens),

@@ -4,11 +4,10 @@ from dataclasses import asdict, dataclass, field
 
 import grpc
 
+from sluice.core.finish_reason_pb import finish_reason_from_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
-
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
 
 
 @dataclass(slots=True)
@@ -104,7 +103,7 @@ def _add_chunk(result: Generation, chunk: pb.Chunk) -> None:
 
 
 def _add_complete(result: Generation, complete: pb.Complete) -> None:
-    result.finish_reason = FINISH_REASONS.get(complete.finish_reason)
+    result.finish_reason = finish_reason_from_pb(complete.finish_reason).value
     result.usage = {"prompt_tokens": complete.usage.prompt_tokens,
                     "completion_tokens": complete.usage.completion_tokens,
                     "cached_tokens": complete.usage.cached_tokens}

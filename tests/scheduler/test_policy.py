@@ -1,8 +1,9 @@
 import pytest
-
-from scheduler_svc.request import FinishReason, RequestStatus
 from sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
+
+from scheduler_svc.request import RequestStatus
 from sluice.core.errors import InvalidArgument, ResourceExhausted
+from sluice.core.finish_reason import FinishReason
 
 
 def _admission_order(policy):

@@ -4,10 +4,10 @@ import random
 from collections import deque
 
 import pytest
-
-from scheduler_svc.request import FinishReason
 from sched_testkit import EOS, FakeWorker, make_request, make_scheduler
+
 from sluice.core.errors import ResourceExhausted
+from sluice.core.finish_reason import FinishReason
 
 NUM_REQUESTS = 1000
 BLOCK_SIZE = 16

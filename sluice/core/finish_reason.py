@@ -1,0 +1,13 @@
+import enum
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token id, or a stop string the router matched
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"  # cancelled by the client or the router
+    DEADLINE = "deadline"  # the request's deadline passed
+
+    @property
+    def reported(self) -> str:
+        """The name clients, spans and metrics see (OpenAI's): a passed deadline reads as an abort."""
+        return FinishReason.ABORT.value if self is FinishReason.DEADLINE else self.value
