@@ -9,10 +9,9 @@ from kernels.prefill_attention import paged_prefill_attention, paged_prefill_att
 from kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
 from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
-from kernels.rotary_embedding import build_cos_sin_cache, rope_inv_freq, rotary_embedding, rotary_embedding_ref
+from kernels.rotary_embedding import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
-    "build_cos_sin_cache",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",
     "fused_linear",
@@ -27,7 +26,6 @@ __all__ = [
     "reshape_and_cache_ref",
     "rms_norm",
     "rms_norm_ref",
-    "rope_inv_freq",
     "rotary_embedding",
     "rotary_embedding_ref",
     "silu_and_mul",

@@ -3,15 +3,14 @@ from pathlib import Path
 
 import torch
 
-from kernels import build_cos_sin_cache
 from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.dummy_weights import dummy_checkpoint
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
+from worker_svc.models.rope import build_cos_sin_cache
 from worker_svc.models.torch_ops import TorchOps
-from worker_svc.models.triton_ops import TritonOps
 from worker_svc.models.weights import load_checkpoint, to_worker_layout
 from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
@@ -31,7 +30,7 @@ class WorkerEngine:
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
         self.model_config = model_config
-        self.ops = TritonOps() if config.uses_triton else TorchOps()
+        self.ops = _operators(config)
         self.model = self._build_model(state)
         self.runner: ModelRunner | None = None
 
@@ -101,3 +100,15 @@ class WorkerEngine:
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         return self.finish(self.launch(plan))
+
+
+def _operators(config: WorkerConfig) -> TorchOps:
+    """Triton is imported only where its kernels are chosen: a CPU install need not have it."""
+    if not config.uses_triton:
+        return TorchOps()
+    try:
+        from worker_svc.models.triton_ops import TritonOps
+    except ImportError as error:
+        message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
+        raise RuntimeError(message) from error
+    return TritonOps()

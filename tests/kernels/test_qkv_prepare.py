@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from kernels import build_cos_sin_cache, prepare_qkv, prepare_qkv_ref, reshape_and_cache, rms_norm, rotary_embedding
+from kernels import prepare_qkv, prepare_qkv_ref, reshape_and_cache, rms_norm, rotary_embedding
+from worker_svc.models.rope import build_cos_sin_cache
 
 # NOTE: bf16 is looser than in the single-kernel tests: the refs round every rotary product to bf16 and the
 # interpreter truncates where the GPU rounds, so after norm and rotary |kernel - ref| reached 0.032 * (1 + |ref|)
