@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.runner.upload import StagedRows, upload
 from worker_svc.sampling.bad_words import BadWords
 from worker_svc.sampling.ops import Penalties, RandomDraws, SamplingTensors, SparseLogits
+from worker_svc.sampling.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
 _FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns
