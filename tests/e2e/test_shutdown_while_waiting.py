@@ -16,6 +16,7 @@ DRAIN_TIMEOUT = 2.0
 
 
 @pytest.mark.parametrize("service, waits_with", [
+    ("sluice.v1.Scheduler", ["scheduler", "--worker"]),
     ("sluice.v1.Generation", ["router", "--no-tokenizer", "--scheduler"]),
 ])
 def test_one_sigterm_stops_a_service_waiting_for_its_peer(service, waits_with):
