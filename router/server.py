@@ -29,9 +29,9 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
         port = await service.start(address)
         pool = SchedulerPool(scheduler_addresses)
         try:
-            await asyncio.gather(*(wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, scheduler_timeout)
-                                   for link in pool.links))
-            model_info = await pool.model_info(timeout=scheduler_timeout)
+            model_info = await service.unless_shutdown(_model_info_once_ready(pool, scheduler_timeout))
+            if model_info is None:
+                return
             if tokenizer_path is None:
                 tokenizer = TokenIdsOnly(model_info.vocab_size)
             else:
@@ -40,11 +40,7 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                                         model_info.model)
             service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
                         GenerationServicer(pool, tokenizer, model_info, telemetry))
-
-            async def follow_schedulers(ready: bool) -> None:
-                await service.set_ready(ready and not operations.shutdown.is_set())
-
-            pool.on_ready = follow_schedulers
+            pool.on_ready = service.set_ready
             pool.start()
             log.info("router on port %d, serving %s", port, model_info.model)
             await service.wait_for_shutdown()
@@ -52,3 +48,8 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
             log.info("router drained" if drained else "router drain timed out; stopping")
         finally:
             await pool.close()
+
+
+async def _model_info_once_ready(pool: SchedulerPool, timeout: float) -> generation_pb2.ModelInfo:
+    await asyncio.gather(*(wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, timeout) for link in pool.links))
+    return await pool.model_info(timeout=timeout)

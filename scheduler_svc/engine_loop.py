@@ -33,6 +33,8 @@ class EngineLoop:
     def submit(self, request: Request, outbox: Outbox, trace_context=None) -> None:
         if not self.admitting:
             raise Unavailable("the scheduler is draining")
+        if not self.worker.streaming:
+            raise Unavailable(f"the scheduler has no worker: waiting for {self.worker.address}")
         self.scheduler.add_request(request)
         self.sessions.bind(request.request_id, outbox, request.sampling_params.n)
         self.telemetry.submitted(request, trace_context or {})
@@ -44,7 +46,13 @@ class EngineLoop:
             self._publish(updates)
             self._wakeup.set()
 
+    def worker_lost(self, error: Unavailable) -> None:
+        """Ends every request with the error and frees their blocks; run() starts again on a reconnected worker."""
+        self.telemetry.updated(self.scheduler.abort_all())
+        self.sessions.fail_all(error)
+
     async def run(self) -> None:
+        """Raises Unavailable when the worker is lost."""
         # Async scheduling: step N + 1 is planned and sent while step N runs, so the worker finds its next step
         # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs.
         in_flight: deque[StepPlan] = deque()
@@ -70,6 +78,7 @@ class EngineLoop:
         self.sessions.publish(updates)
 
     async def _idle(self) -> None:
+        await self.worker.check_streaming()
         self._wakeup.clear()
         try:
             await asyncio.wait_for(self._wakeup.wait(), _IDLE_TICK_SECONDS)

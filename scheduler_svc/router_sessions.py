@@ -1,8 +1,11 @@
 from collections import defaultdict
+from collections.abc import Iterable
 
 from scheduler_svc.outbox import Outbox
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.updates_pb import step_update_to_pb
+from sluice.core.errors import SluiceError
+from sluice.serving.grpc_errors import status_for
 from sluice.v1 import scheduler_pb2 as pb
 
 
@@ -45,7 +48,17 @@ class RouterSessions:
         for outbox, group in by_outbox.items():
             outbox.put(step_update_to_pb(group))
 
+    def fail_all(self, error: SluiceError) -> None:
+        """Ends every request with the error's status, each router's in one message."""
+        for outbox, request_ids in self._owned.items():
+            if request_ids:
+                self.reject(outbox, request_ids, error)
+            request_ids.clear()
+        self._owner.clear()
+        self._num_unfinished.clear()
+
     @staticmethod
-    def reject(outbox: Outbox, request_id: str, status_code: int, message: str) -> None:
-        rejection = pb.Rejection(request_id=request_id, status_code=status_code, message=message)
-        outbox.put(pb.StepUpdate(rejections=[rejection]))
+    def reject(outbox: Outbox, request_ids: Iterable[str], error: SluiceError) -> None:
+        status_code = status_for(error).value[0]
+        outbox.put(pb.StepUpdate(rejections=[pb.Rejection(request_id=request_id, status_code=status_code,
+                                                          message=str(error)) for request_id in request_ids]))

@@ -98,6 +98,17 @@ class Scheduler:
             updates.append(self._update(sample, []))
         return updates
 
+    def abort_all(self) -> list[RequestUpdate]:
+        """Ends every live request and forgets the steps in flight and the prefix cache: the worker that held their
+        KV is gone, and the next plan goes to a worker that starts from nothing."""
+        client_request_ids = {request.client_request_id for request in self._requests.values()}
+        updates = [update for request_id in client_request_ids
+                   for update in self.finish_samples(request_id, FinishReason.ABORT)]
+        self.block_manager.reset_prefix_cache()
+        self._worker_dropped_ids = []
+        self._in_flight.clear()
+        return updates
+
     def expire_deadlines(self, now: float) -> list[RequestUpdate]:
         updates = []
         while self._deadlines and self._deadlines[0][0] <= now:

@@ -11,27 +11,30 @@ from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.worker_client import WorkerClient
+from scheduler_svc.worker_supervisor import WorkerSupervisor
 from sluice.serving.operations import Operations
-from sluice.serving.readiness import wait_until_serving
 from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
-WORKER_SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.scheduler")
 
 
 async def serve(worker_address: str, address: str, operations: Operations, num_blocks: int = 0,
                 worker_timeout: float = 600.0, **scheduler_options) -> None:
     """num_blocks 0 asks the worker to size the KV cache from its memory budget; scheduler_options are the
-    remaining SchedulerConfig fields. Not ready until the worker is connected; on shutdown, drains the requests
-    it holds."""
+    remaining SchedulerConfig fields. Not ready until the worker is connected, nor while it is lost (then its
+    methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
     async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:
         port = await service.start(address)
         worker = WorkerClient(worker_address)
-        engine = None
+        supervisor = None
         try:
-            info, config = await _connect_worker(worker, worker_timeout, num_blocks, scheduler_options)
+            started = await service.unless_shutdown(
+                _start_worker(worker, worker_timeout, num_blocks, scheduler_options))
+            if started is None:
+                return
+            info, config = started
             sessions = RouterSessions()
             scheduler = Scheduler(config, set(info.eos_token_ids))
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
@@ -43,29 +46,27 @@ async def serve(worker_address: str, address: str, operations: Operations, num_b
                                                   block_size=config.block_size)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
-            engine = asyncio.create_task(loop.run())
             await service.set_ready(True)
+            supervisor = asyncio.create_task(WorkerSupervisor(loop, worker, service.report_ready).run())
             log.info("scheduler on port %d: %d KV blocks of %d tokens", port, config.num_blocks, config.block_size)
-            await service.wait_for_shutdown(engine)
+            await service.wait_for_shutdown(supervisor)
             loop.admitting = False
             drained = await service.drain(lambda: not scheduler.has_unfinished_requests())
             log.info("scheduler drained" if drained else "scheduler drain timed out; stopping")
         finally:
-            if engine is not None:
-                engine.cancel()
+            if supervisor is not None:
+                supervisor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await engine
+                    await supervisor
             await worker.close()
 
 
-async def _connect_worker(worker: WorkerClient, timeout: float, num_blocks: int,
-                          scheduler_options: dict) -> tuple[worker_pb2.WorkerInfo, SchedulerConfig]:
-    await wait_until_serving(worker.channel, WORKER_SERVICE_NAME, timeout)
-    info = await worker.get_info(timeout=timeout)
+async def _start_worker(worker: WorkerClient, timeout: float, num_blocks: int,
+                        scheduler_options: dict) -> tuple[worker_pb2.WorkerInfo, SchedulerConfig]:
+    info = await worker.get_info(timeout)
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)
     config = SchedulerConfig(num_blocks=max(num_blocks, 1), max_model_len=max_model_len, **scheduler_options)
-    num_blocks = await worker.init_cache(worker_pb2.InitCacheRequest(
+    num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))
-    worker.open_stream()
     return info, dataclasses.replace(config, num_blocks=num_blocks)

@@ -7,7 +7,6 @@ from scheduler_svc.updates_pb import load_to_pb, request_from_pb
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb
-from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -44,7 +43,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             self.loop.submit(request_from_pb(submit), outbox, submit.trace_context)
         except SluiceError as error:
-            self.sessions.reject(outbox, submit.request_id, status_for(error).value[0], str(error))
+            self.sessions.reject(outbox, [submit.request_id], error)
 
     async def GetLoad(self, request, context) -> scheduler_pb2.Load:
         return load_to_pb(self.loop.scheduler.get_load())

@@ -6,45 +6,84 @@ from sluice.core.errors import Unavailable
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.core.step_plan_pb import outcome_from_pb, plan_to_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
+from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 
+WORKER_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+
 
 class WorkerClient:
-    """The scheduler's end of one worker: setup calls, then one long-lived Execute stream, one message per step."""
+    """The scheduler's end of one worker: setup calls, then one long-lived Execute stream, one message per step.
+    Every failure of the worker surfaces as Unavailable; the client can start again once the worker is back."""
 
     def __init__(self, address: str):
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.info: pb.WorkerInfo | None = None  # what the worker serves, as it first said
+        self._cache: pb.InitCacheRequest | None = None  # the KV cache it set up, to set up again after a loss
         self._steps: asyncio.Queue[pb.StepRequest] = asyncio.Queue()
         self._results = None
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the Execute stream is open: false before start() and once the worker is lost."""
+        return self._results is not None and not self._results.done()
+
     async def get_info(self, timeout: float) -> pb.WorkerInfo:
-        return await self.stub.GetInfo(pb.GetInfoRequest(), timeout=timeout, wait_for_ready=True)
+        """Waits until the worker serves, then asks it what it serves."""
+        self.info = await self._serving_info(timeout)
+        return self.info
 
-    async def init_cache(self, request: pb.InitCacheRequest) -> int:
-        return (await self.stub.InitCache(request)).num_blocks
+    async def start(self, cache: pb.InitCacheRequest) -> int:
+        """Sets up the worker's KV cache and opens the Execute stream. Returns the number of KV blocks the worker
+        allocated."""
+        num_blocks = (await self._call(self.stub.InitCache(cache))).num_blocks
+        self._cache = pb.InitCacheRequest()
+        self._cache.CopyFrom(cache)
+        self._cache.num_blocks = num_blocks
+        self._steps = asyncio.Queue()  # steps queued for a lost stream are dropped with it
+        self._results = self.stub.Execute(self._outgoing(self._steps))
+        return num_blocks
 
-    def open_stream(self) -> None:
-        self._results = self.stub.Execute(self._outgoing())
+    async def restart(self) -> None:
+        """Sets up a worker that came back after a loss as it was: the same model, the same number of KV blocks."""
+        info = await self._serving_info(float("inf"))
+        if info != self.info:
+            raise RuntimeError(f"the worker at {self.address} came back serving {info}, not {self.info}; restart "
+                               "the scheduler to serve it")
+        await self.start(self._cache)
 
-    async def _outgoing(self):
+    async def _serving_info(self, timeout: float) -> pb.WorkerInfo:
+        await wait_until_serving(self.channel, WORKER_SERVICE_NAME, timeout)
+        return await self._call(self.stub.GetInfo(pb.GetInfoRequest()))
+
+    @staticmethod
+    async def _outgoing(steps: asyncio.Queue):
         while True:
-            yield await self._steps.get()
+            yield await steps.get()
 
     def send(self, plan: StepPlan) -> None:
         self._steps.put_nowait(plan_to_pb(plan))
 
     async def receive(self) -> StepOutcome:
         """The result of the oldest step sent and not yet received."""
-        try:
-            result = await self._results.read()
-        except grpc.aio.AioRpcError as error:
-            raise Unavailable(f"worker {self.address}: {error.details()}") from error
+        result = await self._call(self._results.read())
         if result is grpc.aio.EOF:
             raise Unavailable(f"worker {self.address} closed its stream")
         return outcome_from_pb(result)
+
+    async def check_streaming(self) -> None:
+        """Raises Unavailable if the Execute stream has ended, as it does when the worker goes away."""
+        if self._results.done():
+            raise Unavailable(f"worker {self.address}: {await self._results.details()}")
+
+    async def _call(self, call):
+        try:
+            return await call
+        except grpc.aio.AioRpcError as error:
+            raise Unavailable(f"worker {self.address}: {error.details()}") from error
 
     async def close(self) -> None:
         await self.channel.close()

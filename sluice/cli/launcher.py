@@ -1,13 +1,19 @@
-"""`sluice serve`: starts worker, scheduler and router as three processes and waits until the router is ready."""
+"""`sluice serve`: starts worker, scheduler and router as three processes, waits until the router is ready, and
+starts again each one that exits."""
+import logging
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger("sluice.serve")
+_POLL_SECONDS = 0.2
 
 
 @dataclass(slots=True)
@@ -50,7 +56,7 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
                     return
             except grpc.RpcError:
                 pass
-            time.sleep(0.2)
+            time.sleep(_POLL_SECONDS)
     raise TimeoutError(f"{service} at {address} not serving after {timeout:.0f} s")
 
 
@@ -65,6 +71,50 @@ def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: 
         subprocess.Popen([*command, "router", "--listen", layout.router_address,
                           "--scheduler", layout.scheduler_address, *router_args], env=env),
     ]
+
+
+@dataclass(slots=True)
+class RestartBackoff:
+    first_delay: float = 1.0  # seconds between a service's exit and its restart
+    max_delay: float = 30.0  # the delay doubles, up to this, while the service keeps exiting soon after it starts
+    settled_after: float = 60.0  # a service that ran this long exited on its own: the delay starts over
+
+
+class KeptService:
+    """A service's process, started again with its command line whenever it exits, after a backoff delay."""
+
+    def __init__(self, process: subprocess.Popen, backoff: RestartBackoff):
+        self.process = process
+        self.backoff = backoff
+        self._started = time.monotonic()
+        self._delay = backoff.first_delay
+        self._restart_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.process.args[3]  # python -m sluice.cli <name> ...
+
+    def poll(self, now: float) -> None:
+        if self._restart_at is None:
+            if self.process.poll() is None:
+                return
+            if now - self._started >= self.backoff.settled_after:
+                self._delay = self.backoff.first_delay
+            log.error("the %s exited with code %d; starting it again in %.0f s", self.name, self.process.returncode,
+                      self._delay)
+            self._restart_at = now + self._delay
+            self._delay = min(2 * self._delay, self.backoff.max_delay)
+        elif now >= self._restart_at:
+            self.process = subprocess.Popen(self.process.args)
+            self._started, self._restart_at = now, None
+
+
+def keep_running(services: list[KeptService]) -> NoReturn:
+    while True:
+        now = time.monotonic()
+        for service in services:
+            service.poll(now)
+        time.sleep(_POLL_SECONDS)
 
 
 def stop_services(processes: list[subprocess.Popen], timeout: float = 10.0) -> None:

@@ -5,7 +5,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from sluice.cli.bench.commands import add_bench_commands
@@ -45,7 +44,7 @@ def _add_fetch_model(commands) -> None:
 
 
 def _add_serve(commands) -> None:
-    command = commands.add_parser("serve", help="start router, scheduler and worker; Ctrl-C stops all three")
+    command = commands.add_parser("serve", help="start router, scheduler and worker, and restart any that exits; Ctrl-C stops all three")
     command.add_argument("--host", default="127.0.0.1")
     command.add_argument("--port", type=int, default=50051, help="the router's port")
     command.add_argument("--startup-timeout", type=float, default=600.0)
@@ -57,7 +56,8 @@ def _add_serve(commands) -> None:
 
 
 def _serve(args) -> None:
-    from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+    from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, free_port, keep_running, start_services,
+                                     stop_services, wait_until_serving)
 
     args.model = args.model or default_model()
     layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
@@ -66,17 +66,16 @@ def _serve(args) -> None:
     worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
                                [*router_flags, *router])
+    services = [KeptService(process, RestartBackoff()) for process in processes]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", args.startup_timeout, processes)
         print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
-        while all(process.poll() is None for process in processes):
-            time.sleep(0.5)
-        sys.exit("sluice: a service exited; stopping the others")
+        keep_running(services)
     except KeyboardInterrupt:
         pass
     finally:
-        stop_services(processes)
+        stop_services([service.process for service in services])
 
 
 def _add_worker(commands) -> None:

@@ -1,4 +1,4 @@
-"""Explicit message-size and keepalive settings, the same on both ends of every hop."""
+"""Explicit message-size, keepalive and reconnect settings, the same on both ends of every hop."""
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 CHANNEL_OPTIONS = [
@@ -8,6 +8,7 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_reconnect_backoff_ms", 2_000),  # a peer that restarts is found within 2 s of listening again
 ]
 
 SERVER_OPTIONS = [

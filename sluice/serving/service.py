@@ -1,7 +1,9 @@
 """What every Sluice service does around its servicers: health, reflection, admission while ready, drain on
 shutdown, error mapping, tracing, metrics and options."""
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +23,7 @@ _DRAIN_POLL_SECONDS = 0.05
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+T = TypeVar("T")
 
 
 class Service:
@@ -67,7 +70,14 @@ class Service:
         return port
 
     async def set_ready(self, ready: bool) -> None:
-        self.gate.open = ready
+        """Readiness and admission of the service's own methods; once the shutdown signal has come, neither."""
+        self.gate.open = ready and not self.operations.shutdown.is_set()
+        await self.report_ready(ready)
+
+    async def report_ready(self, ready: bool) -> None:
+        """Readiness alone: a service that lost a peer reports NOT_SERVING but still answers its methods, refusing
+        only the work it cannot do. Once the shutdown signal has come, never SERVING."""
+        ready = ready and not self.operations.shutdown.is_set()
         for name in self.service_names:
             await self.health.set(name, SERVING if ready else NOT_SERVING)
 
@@ -79,6 +89,22 @@ class Service:
         for task in watched:
             if task in done:
                 task.result()
+
+    async def unless_shutdown(self, awaitable: Awaitable[T]) -> T | None:
+        """The awaitable's result; None, the awaitable cancelled, if the shutdown signal comes first (a service still
+        waiting for its peers has nothing to drain)."""
+        work = asyncio.ensure_future(awaitable)
+        signal = asyncio.ensure_future(self.operations.shutdown.wait())
+        try:
+            await asyncio.wait([work, signal], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            signal.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return None
 
     async def drain(self, is_idle: Callable[[], bool] | None = None) -> bool:
         """Readiness goes NOT_SERVING and new calls get UNAVAILABLE; waits until is_idle() (default: no call of

@@ -3,10 +3,12 @@ the test process and a Prometheus endpoint on each."""
 import os
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
 from sluice.client import SluiceClient
@@ -82,3 +84,22 @@ def extra_router(services: RunningServices, model: Path, *args: str, schedulers:
         yield process, address
     finally:
         stop_services([process])
+
+
+def health_status(address: str, service: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=2).status
+
+
+def wait_for_health(address: str, service: str, status: int, timeout: float = 30.0) -> None:
+    """Also waits for the server to listen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if health_status(address, service) == status:
+                return
+        except grpc.RpcError:
+            pass
+        assert time.monotonic() < deadline, f"{service!r} at {address} never reported status {status}"
+        time.sleep(0.1)

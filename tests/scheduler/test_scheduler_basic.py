@@ -160,3 +160,28 @@ def test_outcome_of_another_step_is_refused():
 def test_config_is_validated(bad):
     with pytest.raises(ValueError):
         make_scheduler(**({"num_blocks": 16} | bad))
+
+
+def test_abort_all_leaves_nothing_for_a_new_worker():
+    scheduler = make_scheduler(num_blocks=16)
+    worker = FakeWorker(block_size=16)
+    scheduler.add_request(make_request("shared", 40, max_tokens=10))
+    run_to_completion(scheduler, worker)  # leaves its prompt in the prefix cache
+    scheduler.add_request(make_request("running", 40, max_tokens=10))
+    scheduler.add_request(make_request("pair", 20, max_tokens=10, n=2))
+    step(scheduler, worker)
+    scheduler.add_request(make_request("waiting", 4, max_tokens=10))
+    scheduler.schedule()  # a step in flight when the worker is lost
+    updates = scheduler.abort_all()
+    assert sorted((u.request_id, u.sample_index) for u in updates) == [
+        ("pair", 0), ("pair", 1), ("running", 0), ("waiting", 0)]
+    assert all(u.finish_reason is FinishReason.ABORT for u in updates)
+    assert not scheduler.has_unfinished_requests()
+    assert scheduler.get_load().num_free_blocks == 16
+
+    new_worker = FakeWorker(block_size=16)
+    scheduler.add_request(make_request("shared", 40, max_tokens=2))
+    plan, _ = step(scheduler, new_worker)
+    assert plan.finished_request_ids == [] and plan.new_requests[0].num_computed_tokens == 0
+    updates, _ = run_to_completion(scheduler, new_worker)
+    assert updates[-1].finish_reason is FinishReason.LENGTH

@@ -1,0 +1,45 @@
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from scheduler_svc.engine_loop import EngineLoop
+from scheduler_svc.worker_client import WorkerClient
+from sluice.core.errors import Unavailable
+
+log = logging.getLogger("sluice.scheduler")
+_RETRY_SECONDS = 1.0  # after a worker that served failed to set up again
+
+
+class WorkerSupervisor:
+    """Runs the engine loop on a started worker, and outlives the worker.
+
+    When the worker is lost, every request ends with UNAVAILABLE (none runs twice: the client decides whether to
+    retry) and `on_connected` hears False; the supervisor waits for the worker to serve again, checks that it
+    serves what it did, sets up its KV cache as before, resumes, and `on_connected` hears True.
+    """
+
+    def __init__(self, loop: EngineLoop, worker: WorkerClient, on_connected: Callable[[bool], Awaitable[None]]):
+        self.loop = loop
+        self.worker = worker
+        self.on_connected = on_connected
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.loop.run()
+            except Unavailable as error:
+                log.error("lost the worker: %s", error)
+                self.loop.worker_lost(Unavailable(f"the scheduler lost its worker: {error}"))
+            await self.on_connected(False)
+            await self._reconnect()
+            log.info("worker %s is back: serving again", self.worker.address)
+            await self.on_connected(True)
+
+    async def _reconnect(self) -> None:
+        while True:
+            try:
+                await self.worker.restart()
+                return
+            except Unavailable as error:
+                log.warning("setting up the worker again failed: %s", error)
+                await asyncio.sleep(_RETRY_SECONDS)
