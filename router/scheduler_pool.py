@@ -4,7 +4,7 @@ import hashlib
 from collections.abc import Awaitable, Callable
 
 from router.scheduler_link import Event, SchedulerLink
-from sluice.core.errors import Unavailable
+from sluice.core.errors import InvalidArgument, Unavailable
 from sluice.v1 import generation_pb2, scheduler_pb2
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
@@ -36,6 +36,8 @@ class SchedulerPool:
             link.start()
 
     def submit(self, submit: scheduler_pb2.Submit) -> asyncio.Queue[Event]:
+        if submit.request_id in self._owner:
+            raise InvalidArgument("request_id", f"{submit.request_id!r} duplicates a request in flight")
         link = self.pick(list(submit.prompt_token_ids))
         self._owner[submit.request_id] = link
         return link.submit(submit)

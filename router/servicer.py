@@ -9,7 +9,7 @@ from router.scheduler_link import LinkLost, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
 from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
-from sluice.core.errors import InvalidArgument
+from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
 from sluice.v1 import generation_pb2 as pb
@@ -36,7 +36,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             deadline_unix_seconds=time.time() + remaining if remaining is not None else 0,
             trace_context=telemetry.trace_context)
         output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids, telemetry.timings)
-        events = self.schedulers.submit(submit)
+        try:
+            events = self.schedulers.submit(submit)
+        except SluiceError as error:
+            telemetry.refused(error)
+            raise
         try:
             while not output.done:
                 batch = _drain(await events.get(), events)
