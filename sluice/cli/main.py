@@ -113,7 +113,8 @@ def _scheduler(args) -> None:
     _run_service(args, lambda operations: serve(
         args.worker, args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy))
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
+        max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens))
 
 
 def _add_router(commands) -> None:

@@ -22,6 +22,10 @@ def add_scheduler_options(parser) -> None:
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--policy", default="priority", choices=["priority", "fcfs"])
+    parser.add_argument("--max-waiting-requests", type=int, default=4096,
+                        help="requests that may wait; more get RESOURCE_EXHAUSTED")
+    parser.add_argument("--max-waiting-tokens", type=int, default=4_000_000,
+                        help="tokens the waiting requests may hold; more get RESOURCE_EXHAUSTED")
 
 
 def worker_flags(args) -> list[str]:
@@ -34,5 +38,7 @@ def worker_flags(args) -> list[str]:
 def scheduler_flags(args) -> list[str]:
     flags = ["--num-blocks", str(args.num_blocks), "--block-size", str(args.block_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             "--max-model-len", str(args.max_model_len), "--policy", args.policy]
+             "--max-model-len", str(args.max_model_len), "--policy", args.policy,
+             "--max-waiting-requests", str(args.max_waiting_requests),
+             "--max-waiting-tokens", str(args.max_waiting_tokens)]
     return [*flags, "--no-prefix-caching"] if args.no_prefix_caching else flags
