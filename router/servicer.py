@@ -1,3 +1,4 @@
+import asyncio
 import time
 import uuid
 
@@ -25,7 +26,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.telemetry = telemetry
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        prompt_ids = self._prompt_token_ids(request)
+        prompt_ids = await asyncio.to_thread(self._prompt_token_ids, request)
         params = self._sampling_params(request.sampling, len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         remaining = context.time_remaining()
@@ -61,6 +62,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             telemetry.close()
 
     def _prompt_token_ids(self, request: pb.GenerateRequest) -> list[int]:
+        """Runs in a worker thread: tokenizing and templating a long prompt must not hold up the other streams."""
         kind = request.WhichOneof("input")
         if kind == "text":
             token_ids = self.tokenizer.encode_text(request.text) if request.text else []
@@ -97,8 +99,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         if request.WhichOneof("input") == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            return pb.TokenizeResponse(token_ids=self.tokenizer.encode_chat(messages))
-        return pb.TokenizeResponse(token_ids=self.tokenizer.encode_text(request.text))
+            token_ids = await asyncio.to_thread(self.tokenizer.encode_chat, messages)
+        else:
+            token_ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text)
+        return pb.TokenizeResponse(token_ids=token_ids)
 
 
 def _drain(event, events) -> list:

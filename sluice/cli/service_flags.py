@@ -1,5 +1,8 @@
-"""Command-line options of the worker and the scheduler, shared by `sluice serve`, the services and `sluice bench`."""
+"""Command-line options of the worker, the scheduler and the router, shared by `sluice serve`, the services and
+`sluice bench`."""
 from pathlib import Path
+
+from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 
 
 def add_worker_options(parser) -> None:
@@ -28,6 +31,11 @@ def add_scheduler_options(parser) -> None:
                         help="tokens the waiting requests may hold; more get RESOURCE_EXHAUSTED")
 
 
+def add_router_limit_options(parser) -> None:
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_CLIENT_REQUEST_BYTES,
+                        help="a larger client message gets RESOURCE_EXHAUSTED before it is read")
+
+
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
             "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
@@ -42,3 +50,7 @@ def scheduler_flags(args) -> list[str]:
              "--max-waiting-requests", str(args.max_waiting_requests),
              "--max-waiting-tokens", str(args.max_waiting_tokens)]
     return [*flags, "--no-prefix-caching"] if args.no_prefix_caching else flags
+
+
+def router_limit_flags(args) -> list[str]:
+    return ["--max-request-bytes", str(args.max_request_bytes)]
