@@ -9,7 +9,8 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_link import LinkLost, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
-from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
+from router.validation import (check_bad_words_token_ids, truncate_prompt, validate_chat_roles, validate_prompt,
+                               validate_sampling)
 from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
@@ -67,8 +68,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if kind == "text":
             token_ids = self.tokenizer.encode_text(request.text) if request.text else []
         elif kind == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            token_ids = self.tokenizer.encode_chat(messages) if messages else []
+            token_ids = self.tokenizer.encode_chat(_chat_messages(request.chat)) if request.chat.messages else []
         elif kind == "tokens":
             token_ids = list(request.tokens.ids)
         else:
@@ -98,11 +98,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         if request.WhichOneof("input") == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            token_ids = await asyncio.to_thread(self.tokenizer.encode_chat, messages)
+            token_ids = await asyncio.to_thread(self.tokenizer.encode_chat, _chat_messages(request.chat))
         else:
             token_ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text)
         return pb.TokenizeResponse(token_ids=token_ids)
+
+
+def _chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
+    validate_chat_roles(chat.messages)
+    return [{"role": message.role, "content": message.content} for message in chat.messages]
 
 
 def _drain(event, events) -> list:
