@@ -105,7 +105,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 def _chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
-    validate_chat_roles(chat.messages)
+    validate_chat_roles([message.role for message in chat.messages])
     return [{"role": message.role, "content": message.content} for message in chat.messages]
 
 

@@ -28,9 +28,9 @@ def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, f
     _check_token_ids(field, token_ids, vocab_size)
 
 
-def validate_chat_roles(messages) -> None:
+def validate_chat_roles(roles: list[str]) -> None:
     """An empty role is refused here; which other roles a chat may use is the model's chat template's call."""
-    empty = next((index for index, message in enumerate(messages) if not message.role.strip()), None)
+    empty = next((index for index, role in enumerate(roles) if not role.strip()), None)
     if empty is not None:
         raise InvalidArgument(f"chat.messages[{empty}].role", "must name a role (system, user, assistant, ...)")
 

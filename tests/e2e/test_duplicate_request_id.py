@@ -9,7 +9,7 @@ from tests.e2e.services import extra_router
 pytestmark = pytest.mark.slow
 
 PROMPT = "Write a long story about a lighthouse keeper."
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 
 
 def _request(request_id: str):
