@@ -86,6 +86,12 @@ class RequestTelemetry:
         else:
             self.span.set_status(trace.StatusCode.ERROR, ending.details)
 
+    def refused(self, error: Exception) -> None:
+        """The router could not submit the request (its id is in flight, no scheduler is connected)."""
+        self._ended = True
+        self.span.set_status(trace.StatusCode.ERROR, str(error))
+        self.close()
+
     def close(self) -> None:
         """Ends the span; a request that finished (not cancelled, rejected or expired) counts in the e2e latency."""
         e2e = time.perf_counter() - self._started

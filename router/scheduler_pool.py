@@ -5,7 +5,7 @@ from collections.abc import Awaitable, Callable
 
 from router.scheduler_link import SchedulerLink
 from router.scheduler_messages import Event, Submission
-from sluice.core.errors import Unavailable
+from sluice.core.errors import InvalidArgument, Unavailable
 from sluice.core.finish_reason import FinishReason
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
@@ -38,6 +38,8 @@ class SchedulerPool:
             link.start()
 
     def submit(self, submission: Submission) -> asyncio.Queue[Event]:
+        if submission.request_id in self._owner:
+            raise InvalidArgument("request_id", f"{submission.request_id!r} duplicates a request in flight")
         link = self.pick(submission.prompt_token_ids)
         self._owner[submission.request_id] = link
         return link.submit(submission)

@@ -9,6 +9,7 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_pool import SchedulerPool
 from router.servicer import GenerationServicer
 from router.tokenizer import RouterTokenizer, TokenIdsOnly
+from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 from sluice.serving.operations import Operations
 from sluice.serving.readiness import wait_until_serving
 from sluice.serving.service import Service
@@ -21,11 +22,12 @@ log = logging.getLogger("sluice.router")
 
 async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], address: str, operations: Operations,
                 interceptors=(), credentials: grpc.ServerCredentials | None = None,
-                scheduler_timeout: float = 600.0) -> None:
+                scheduler_timeout: float = 600.0, max_request_bytes: int = MAX_CLIENT_REQUEST_BYTES) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
-    in flight finish."""
-    async with Service([SERVICE_NAME], "sluice-router", operations, interceptors, credentials) as service:
+    in flight finish. A client message over max_request_bytes gets RESOURCE_EXHAUSTED."""
+    async with Service([SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
+                       max_request_bytes) as service:
         port = await service.start(address)
         pool = SchedulerPool(scheduler_addresses)
         try:

@@ -1,3 +1,4 @@
+import asyncio
 import time
 import uuid
 
@@ -6,8 +7,9 @@ from router.request_telemetry import RouterTelemetry
 from router.scheduler_messages import Failed, Submission, Tokens
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer import RouterTokenizer
-from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
-from sluice.core.errors import InvalidArgument
+from router.validation import (check_bad_words_token_ids, truncate_prompt, validate_chat_roles, validate_prompt,
+                               validate_sampling)
+from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.sampling_params_pb import sampling_params_from_pb
@@ -24,7 +26,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.telemetry = telemetry
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        prompt_ids = self._prompt_token_ids(request)
+        prompt_ids = await asyncio.to_thread(self._prompt_token_ids, request)
         params = self._sampling_params(request.sampling, len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         remaining = context.time_remaining()
@@ -32,7 +34,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         submission = Submission(request_id, prompt_ids, params, request.priority, request.cache_salt,
                                 time.time() + remaining if remaining is not None else 0.0, telemetry.trace_context)
         output = GenerationOutput(request_id, params, self.tokenizer, request.return_token_ids, telemetry.timings)
-        events = self.schedulers.submit(submission)
+        try:
+            events = self.schedulers.submit(submission)
+        except SluiceError as error:
+            telemetry.refused(error)
+            raise
         try:
             while not output.done:
                 batch = _drain(await events.get(), events)
@@ -53,12 +59,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             telemetry.close()
 
     def _prompt_token_ids(self, request: pb.GenerateRequest) -> list[int]:
+        """Runs in a worker thread: tokenizing and templating a long prompt must not hold up the other streams."""
         kind = request.WhichOneof("input")
         if kind == "text":
             token_ids = self.tokenizer.encode_text(request.text) if request.text else []
         elif kind == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            token_ids = self.tokenizer.encode_chat(messages) if messages else []
+            token_ids = self.tokenizer.encode_chat(_chat_messages(request.chat)) if request.chat.messages else []
         elif kind == "tokens":
             token_ids = list(request.tokens.ids)
         else:
@@ -88,9 +94,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         if request.WhichOneof("input") == "chat":
-            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            return pb.TokenizeResponse(token_ids=self.tokenizer.encode_chat(messages))
-        return pb.TokenizeResponse(token_ids=self.tokenizer.encode_text(request.text))
+            token_ids = await asyncio.to_thread(self.tokenizer.encode_chat, _chat_messages(request.chat))
+        else:
+            token_ids = await asyncio.to_thread(self.tokenizer.encode_text, request.text)
+        return pb.TokenizeResponse(token_ids=token_ids)
+
+
+def _chat_messages(chat: pb.ChatMessages) -> list[dict[str, str]]:
+    validate_chat_roles([message.role for message in chat.messages])
+    return [{"role": message.role, "content": message.content} for message in chat.messages]
 
 
 def _drain(event, events) -> list:

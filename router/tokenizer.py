@@ -1,5 +1,6 @@
 from pathlib import Path
 
+from jinja2 import TemplateError, TemplateSyntaxError
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
@@ -25,7 +26,13 @@ class RouterTokenizer:
         return self._hf(text).input_ids
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        encoded = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        """The chat template decides which roles it takes: one that raises refuses the messages."""
+        try:
+            encoded = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except TemplateSyntaxError:
+            raise
+        except TemplateError as error:
+            raise InvalidArgument("chat", f"the model's chat template refuses these messages: {error}") from error
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:

@@ -28,6 +28,13 @@ def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, f
     _check_token_ids(field, token_ids, vocab_size)
 
 
+def validate_chat_roles(roles: list[str]) -> None:
+    """An empty role is refused here; which other roles a chat may use is the model's chat template's call."""
+    empty = next((index for index, role in enumerate(roles) if not role.strip()), None)
+    if empty is not None:
+        raise InvalidArgument(f"chat.messages[{empty}].role", "must name a role (system, user, assistant, ...)")
+
+
 def truncate_prompt(token_ids: list[int], keep_last: int | None) -> list[int]:
     """vLLM's truncate_prompt_tokens: the prompt's last `keep_last` tokens (all of them when None)."""
     if keep_last is None:

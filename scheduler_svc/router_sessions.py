@@ -34,6 +34,9 @@ class RouterSessions:
         self._owned[outbox].add(request_id)
         self._num_unfinished[request_id] = num_samples
 
+    def owns(self, outbox: Outbox, request_id: str) -> bool:
+        return self._owner.get(request_id) is outbox
+
     def publish(self, updates: list[RequestUpdate]) -> None:
         by_outbox: dict[Outbox, list[RequestUpdate]] = defaultdict(list)
         for update in updates:

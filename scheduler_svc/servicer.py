@@ -34,7 +34,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._submit(message.submit, outbox)
             elif kind == "credit":
                 outbox.grant(message.credit.messages)
-            elif kind == "finish":
+            elif kind == "finish" and self.sessions.owns(outbox, message.finish.request_id):
                 finish = message.finish
                 self.loop.finish(finish.request_id, finish_reason_from_pb(finish.reason),
                                  finish.index if finish.HasField("index") else None)

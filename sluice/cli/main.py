@@ -12,7 +12,8 @@ from sluice.cli.generate_command import add_generate_command
 from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
                                      operations_flags, operations_from)
-from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
+from sluice.cli.service_flags import (add_router_limit_options, add_scheduler_options, add_worker_options,
+                                     router_limit_flags, scheduler_flags, worker_flags)
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 
@@ -50,6 +51,7 @@ def _add_serve(commands) -> None:
     command.add_argument("--startup-timeout", type=float, default=600.0)
     add_worker_options(command)
     add_scheduler_options(command)
+    add_router_limit_options(command)
     add_operations_options(command)
     add_access_options(command)
     command.set_defaults(run=_serve)
@@ -62,7 +64,7 @@ def _serve(args) -> None:
     args.model = args.model or default_model()
     layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
-    router_flags += access_flags(args)
+    router_flags += [*access_flags(args), *router_limit_flags(args)]
     worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
                                [*router_flags, *router])
@@ -112,7 +114,8 @@ def _scheduler(args) -> None:
     _run_service(args, lambda operations: serve(
         args.worker, args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy))
+        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
+        max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens))
 
 
 def _add_router(commands) -> None:
@@ -122,6 +125,7 @@ def _add_router(commands) -> None:
                          help="the scheduler's address; comma-separated to balance over several replicas")
     command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
     command.add_argument("--no-tokenizer", action="store_true", help="token ids in and out (random-weight models)")
+    add_router_limit_options(command)
     add_operations_options(command)
     add_access_options(command)
     command.set_defaults(run=_router)
@@ -134,7 +138,7 @@ def _router(args) -> None:
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
     schedulers = args.scheduler.split(",")
     _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen, operations, interceptors,
-                                                credentials))
+                                                credentials, max_request_bytes=args.max_request_bytes))
 
 
 def _tracing_enabled() -> bool:

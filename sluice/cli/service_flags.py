@@ -1,5 +1,8 @@
-"""Command-line options of the worker and the scheduler, shared by `sluice serve`, the services and `sluice bench`."""
+"""Command-line options of the worker, the scheduler and the router, shared by `sluice serve`, the services and
+`sluice bench`."""
 from pathlib import Path
+
+from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 
 
 def add_worker_options(parser) -> None:
@@ -22,6 +25,15 @@ def add_scheduler_options(parser) -> None:
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--policy", default="priority", choices=["priority", "fcfs"])
+    parser.add_argument("--max-waiting-requests", type=int, default=4096,
+                        help="requests that may wait; more get RESOURCE_EXHAUSTED")
+    parser.add_argument("--max-waiting-tokens", type=int, default=4_000_000,
+                        help="tokens the waiting requests may hold; more get RESOURCE_EXHAUSTED")
+
+
+def add_router_limit_options(parser) -> None:
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_CLIENT_REQUEST_BYTES,
+                        help="a larger client message gets RESOURCE_EXHAUSTED before it is read")
 
 
 def worker_flags(args) -> list[str]:
@@ -34,5 +46,11 @@ def worker_flags(args) -> list[str]:
 def scheduler_flags(args) -> list[str]:
     flags = ["--num-blocks", str(args.num_blocks), "--block-size", str(args.block_size),
              "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-             "--max-model-len", str(args.max_model_len), "--policy", args.policy]
+             "--max-model-len", str(args.max_model_len), "--policy", args.policy,
+             "--max-waiting-requests", str(args.max_waiting_requests),
+             "--max-waiting-tokens", str(args.max_waiting_tokens)]
     return [*flags, "--no-prefix-caching"] if args.no_prefix_caching else flags
+
+
+def router_limit_flags(args) -> list[str]:
+    return ["--max-request-bytes", str(args.max_request_bytes)]

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from sluice.serving import tracing
 from sluice.serving.admission_gate import AdmissionGate
 from sluice.serving.grpc_errors import DomainErrorInterceptor
-from sluice.serving.grpc_options import SERVER_OPTIONS
+from sluice.serving.grpc_options import MAX_MESSAGE_BYTES, server_options
 from sluice.serving.method_table import MethodTable
 from sluice.serving.metrics_endpoint import MetricsEndpoint
 from sluice.serving.operations import Operations
@@ -32,7 +32,8 @@ class Service:
 
     def __init__(self, service_names: list[str], telemetry_name: str, operations: Operations,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 credentials: grpc.ServerCredentials | None = None):
+                 credentials: grpc.ServerCredentials | None = None,
+                 max_receive_message_bytes: int = MAX_MESSAGE_BYTES):
         self.service_names = service_names
         self.operations = operations
         self.gate = AdmissionGate()
@@ -41,7 +42,7 @@ class Service:
         self.metrics_registry = CollectorRegistry()
         traced = [tracing.server_interceptor(self.tracer_provider)] if self.tracer_provider else []
         self.server = grpc.aio.server(interceptors=[self.gate, *interceptors, *traced, DomainErrorInterceptor()],
-                                      options=SERVER_OPTIONS)
+                                      options=server_options(max_receive_message_bytes))
         self.methods = MethodTable()
         self.server.add_generic_rpc_handlers([self.methods])
         self.health = health.aio.HealthServicer()
