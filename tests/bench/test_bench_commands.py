@@ -23,16 +23,21 @@ def _output_tokens(result: dict) -> float:
     return result["output_tokens_per_s"] * result["duration_s"]
 
 
-@pytest.mark.parametrize("mode", [["--in-process", "--baseline", "hf"], []], ids=["in-process+hf", "grpc"])
+SAMPLED = ["--temperature", "0.8", "--top-p", "0.95", "--top-k", "50", "--repetition-penalty", "1.1",
+           "--frequency-penalty", "0.2", "--logprobs", "5"]
+
+
+@pytest.mark.parametrize("mode", [["--in-process", "--baseline", "hf"], [], SAMPLED],
+                         ids=["in-process+hf", "grpc", "grpc-sampled"])
 def test_throughput_reports_every_requested_token(tmp_path, default_model_dir, mode):
     report = _bench(tmp_path, "throughput", *mode)
     workload = random_workload(4, (8, 16), (3, 6), 49152)
     sluice, *baselines = report["results"]
-    assert sluice["name"] == ("sluice (in process)" if mode else "sluice (gRPC stack)")
+    assert sluice["name"] == ("sluice (in process)" if "--in-process" in mode else "sluice (gRPC stack)")
     assert sluice["requests"] == 4
     assert _output_tokens(sluice) == pytest.approx(sum(r.max_tokens for r in workload))  # ignore_eos: every token
     assert [b["name"] for b in baselines] == (
-        ["hf generate (static batches)", "hf generate_batch (continuous)"] if mode else [])
+        ["hf generate (static batches)", "hf generate_batch (continuous)"] if "--baseline" in mode else [])
     for baseline in baselines:  # HF generates the workload's mean output length for every request
         assert baseline["output_tokens"] == output_len(workload) * 4
         assert baseline["sluice_speedup"] == pytest.approx(

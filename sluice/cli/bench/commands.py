@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sluice.cli.bench.report import format_summary, summarize
+from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import BenchRequest, random_workload
 from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
 
@@ -47,8 +48,9 @@ def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int],
     parser.add_argument("--num-requests", type=int, default=num_requests)
     parser.add_argument("--input-len", type=int, nargs=2, default=input_len, metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=output_len, metavar=("MIN", "MAX"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="of the prompts, lengths and sampled draws")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_sampling_options(parser)
 
 
 def _vocab_size(args) -> int:
@@ -67,13 +69,14 @@ def _resolve_model(args) -> None:
 
 
 def _workload(args) -> list[BenchRequest]:
-    return random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), _vocab_size(args),
-                           args.seed)
+    return with_sampling(random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
+                                         _vocab_size(args), args.seed), args)
 
 
 def _warm_up(args) -> list[BenchRequest]:
     """Four requests drawn like the workload's, from another seed: they hit no prefix cache in the timed run."""
-    return random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args), args.seed + 1)
+    return with_sampling(random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args),
+                                         args.seed + 1), args)
 
 
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
@@ -113,9 +116,7 @@ def _offline_engine(args, enable_prefix_caching: bool):
 
 def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
     """(output tokens, seconds) of generating the requests all at once."""
-    from sluice.core.sampling_params import SamplingParams
-
-    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests]
+    params = [r.sampling_params() for r in requests]
     started = time.perf_counter()
     results = engine.generate([r.prompt_token_ids for r in requests], params)
     return sum(len(r.token_ids) for r in results), time.perf_counter() - started
@@ -195,8 +196,8 @@ def _serve(args) -> None:
 
     from sluice.cli.bench.grpc_load import run_load
 
-    requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), args.vocab_size,
-                               args.seed)
+    requests = with_sampling(random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
+                                             args.vocab_size, args.seed), args)
     with tqdm(total=len(requests), desc="requests") as progress:
         traces, duration = asyncio.run(run_load(args.address, requests, args.rate, args.concurrency, args.seed,
                                                 progress))

@@ -7,6 +7,7 @@ import grpc
 
 from sluice.cli.bench.report import RequestTrace
 from sluice.cli.bench.workload import BenchRequest
+from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
@@ -15,7 +16,7 @@ from sluice.v1 import generation_pb2_grpc
 async def _one(stub, request: BenchRequest, trace: RequestTrace) -> None:
     message = pb.GenerateRequest(
         tokens=pb.TokenIds(ids=request.prompt_token_ids), return_token_ids=True,
-        sampling=pb.SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True))
+        sampling=sampling_params_to_pb(request.sampling_params()))
     async for response in stub.Generate(message):
         if response.HasField("chunk"):
             now = time.perf_counter()
