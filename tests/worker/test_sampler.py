@@ -9,7 +9,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, MinNewT
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.ops import filter_top_k_top_p_min_p, process_logits, sample
+from worker_svc.sampling.ops import TOP_K_CANDIDATES, kept_tokens, process_logits, sample
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.seeded_random import seeded_uniform
 
@@ -25,9 +25,9 @@ def device(request) -> torch.device:
 
 
 def _rows(requests: dict[str, tuple[SamplingParams, list[int], list[int]]], device: torch.device,
-          seed: int = 0) -> SamplingRows:
+          seed: int = 0, vocab_size: int = VOCAB) -> SamplingRows:
     """requests: id -> (params, prompt ids, output ids); each request's seed is its params' seed or `seed`."""
-    rows = SamplingRows(VOCAB, (EOS,), device)
+    rows = SamplingRows(vocab_size, (EOS,), device)
     for request_id, (params, prompt, output) in requests.items():
         rows.add(request_id, params, params.seed if params.seed is not None else seed, prompt, output)
     return rows
@@ -64,15 +64,34 @@ def _hf_warpers(top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0, tempera
     return warpers
 
 
-def test_top_k_top_p_min_p_match_hf_row_by_row(device):
-    logits = _logits(len(WARPER_CASES), device)
-    top_k = torch.tensor([case.get("top_k", VOCAB) for case in WARPER_CASES], device=device)
-    top_p = torch.tensor([case.get("top_p", 1.0) for case in WARPER_CASES], device=device)
-    min_p = torch.tensor([case.get("min_p", 0.0) for case in WARPER_CASES], device=device)
-    ours = filter_top_k_top_p_min_p(logits.clone(), top_k, top_p, min_p)
-    for row, case in enumerate(WARPER_CASES):
+def _assert_keeps_what_hf_keeps(token_ids: torch.Tensor, weights: torch.Tensor, hf_logits: torch.Tensor,
+                                 case) -> None:
+    """One row: the same tokens kept, with the same probabilities."""
+    kept = token_ids[weights > 0]
+    assert kept.tolist() == hf_logits.isfinite().nonzero().flatten().tolist(), case
+    probs = (weights[weights > 0] / weights.sum()).float()
+    torch.testing.assert_close(probs, hf_logits.softmax(dim=-1)[kept], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("width", [VOCAB, 256], ids=["sorted-vocabulary", "top-k-candidates"])
+def test_top_k_top_p_min_p_match_hf_row_by_row(device, width):
+    cases = [case for case in WARPER_CASES if width == VOCAB or 0 < case.get("top_k", 0) <= width // 2]
+    logits = _logits(len(cases), device)
+    top_k = torch.tensor([case.get("top_k", VOCAB) for case in cases], device=device)
+    top_p = torch.tensor([case.get("top_p", 1.0) for case in cases], device=device)
+    min_p = torch.tensor([case.get("min_p", 0.0) for case in cases], device=device)
+    token_ids, weights = kept_tokens(logits.clone(), top_k, top_p, min_p, width)
+    for row, case in enumerate(cases):
         expected = _hf(_hf_warpers(**case), logits[row:row + 1])[0]
-        assert torch.equal(ours[row], expected), case
+        _assert_keeps_what_hf_keeps(token_ids[row], weights[row], expected, case)
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth_as_hf_does(device):
+    logits = torch.tensor([[4.0, 1.0, 3.0, 3.0, 0.0, 3.0, 2.0, -1.0]], device=device)
+    for width in (8, 6):
+        token_ids, weights = kept_tokens(logits.clone(), torch.tensor([2], device=device),
+                                         torch.tensor([1.0], device=device), torch.tensor([0.0], device=device), width)
+        _assert_keeps_what_hf_keeps(token_ids[0], weights[0], _hf([TopKLogitsWarper(2)], logits)[0], width)
 
 
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 1.7])
@@ -82,9 +101,31 @@ def test_temperature_then_filters_match_hf(temperature, device):
     logits = _logits(1, device)
     draws = tensors.draws
     scaled = logits / draws.temperature.unsqueeze(1)
-    ours = filter_top_k_top_p_min_p(scaled, draws.top_k, draws.top_p, draws.min_p)
-    expected = _hf(_hf_warpers(50, 0.9, 0.02, temperature), logits)
-    torch.testing.assert_close(ours, expected)
+    token_ids, weights = kept_tokens(scaled, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
+    _assert_keeps_what_hf_keeps(token_ids[0], weights[0], _hf(_hf_warpers(50, 0.9, 0.02, temperature), logits)[0],
+                                temperature)
+
+
+def test_small_top_k_rows_look_at_the_candidates_and_draw_as_over_the_sorted_vocabulary(device):
+    """A batch whose rows all have a small top-k skips the vocabulary sort; a row that needs the whole vocabulary
+    (top-p alone) brings the sort back. The top-k rows draw the same tokens either way, also where logits tie (bf16
+    logits tie often)."""
+    vocab_size = 4 * TOP_K_CANDIDATES
+    top_k_rows = {f"k{i}": (SamplingParams(temperature=1.0, top_k=k, top_p=p, seed=i), [1], [])
+                  for i, (k, p) in enumerate([(1, 1.0), (20, 1.0), (50, 0.95), (200, 0.8), (512, 1.0)])}
+    logits = (torch.randn(len(top_k_rows), vocab_size, generator=torch.Generator().manual_seed(1)) * 3)
+    logits = logits.bfloat16().float().to(device)
+    alone = _gather(_rows(top_k_rows, device, vocab_size=vocab_size), list(top_k_rows))
+    assert alone.draws.filter_width == TOP_K_CANDIDATES
+    with_top_p = {**top_k_rows, "p": (SamplingParams(temperature=1.0, top_p=0.9, seed=99), [1], [])}
+    mixed = _gather(_rows(with_top_p, device, vocab_size=vocab_size), list(with_top_p))
+    assert mixed.draws.filter_width == vocab_size
+    for position in range(8):
+        alone.draws.output_positions.fill_(position)
+        mixed.draws.output_positions.fill_(position)
+        tokens = sample(logits.clone(), alone)
+        assert torch.equal(tokens, sample(torch.cat([logits, logits[:1]]), mixed)[:len(top_k_rows)])
+        assert tokens[0] == logits[0].argmax()
 
 
 @pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])

@@ -2,14 +2,20 @@
 
 Order, as in Hugging Face transformers and vLLM: penalties, logit bias, token masks (min_tokens, bad words,
 allowed_token_ids, structured output) on the raw logits; greedy rows take the argmax there. Sampled rows then apply
-temperature, top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF
-at a seeded uniform number.
+temperature, top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF,
+in token order, at a seeded uniform number.
+
+The filters never sort the vocabulary when every sampled row has a small top-k: they look at the TOP_K_CANDIDATES most
+likely tokens only. Either way a row keeps the same tokens with the same weights and draws the same token, so a seeded
+request draws the same whatever else is in its batch.
 """
 from dataclasses import dataclass
 
 import torch
 
 from worker_svc.sampling.seeded_random import seeded_uniform
+
+TOP_K_CANDIDATES = 1024  # the most likely tokens the filters look at when every sampled row has top_k <= half of it
 
 
 @dataclass(slots=True)
@@ -22,7 +28,7 @@ class RandomDraws:
     min_p: torch.Tensor  # [batch] float32
     seeds: torch.Tensor  # [batch, 2] int64: the low and high 32 bits of each request's seed
     output_positions: torch.Tensor  # [batch] int64: the index of the token being sampled in the request's output
-    needs_filter: bool  # some row uses top-k, top-p or min-p
+    filter_width: int | None  # None: no row filters; else how many of the most likely tokens the filters look at
 
 
 @dataclass(slots=True)
@@ -62,17 +68,25 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
         return greedy_tokens
     is_greedy = draws.temperature == 0
     logits = logits / torch.where(is_greedy, 1.0, draws.temperature).unsqueeze(1)
-    if draws.needs_filter:
-        logits = filter_top_k_top_p_min_p(logits, draws.top_k, draws.top_p, draws.min_p)
-    sampled = draw(logits.softmax(dim=-1), seeded_uniform(draws.seeds, draws.output_positions))
+    uniform = seeded_uniform(draws.seeds, draws.output_positions)
+    if draws.filter_width is None:
+        sampled = draw(unnormalised_probs(logits), uniform)
+    else:
+        token_ids, weights = kept_tokens(logits, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
+        sampled = token_ids.gather(1, draw(weights, uniform).unsqueeze(1)).squeeze(1)
     return torch.where(is_greedy, greedy_tokens, sampled)
 
 
-def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The first token whose cumulative probability exceeds `uniform` (a token of probability 0 is never drawn)."""
-    cdf = probs.double().cumsum(dim=-1)
+def unnormalised_probs(logits: torch.Tensor) -> torch.Tensor:
+    """exp(logit - the row's largest), in float64: each row's probabilities up to one factor."""
+    return (logits - logits.amax(dim=-1, keepdim=True)).exp().double()
+
+
+def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The first index whose cumulative weight exceeds `uniform` times the total (a weight of 0 is never drawn)."""
+    cdf = weights.cumsum(dim=-1)
     target = (uniform * cdf[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=weights.shape[-1] - 1)
 
 
 def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
@@ -99,15 +113,29 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     return logits
 
 
-def filter_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                             min_p: torch.Tensor) -> torch.Tensor:
-    """Sets to -inf what top-k, then top-p over the tokens top-k kept, then min-p would remove (the most likely token
-    always stays: top_p > 0, min_p <= 1)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-    sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop = (mass_before >= top_p.unsqueeze(1)) | (sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1])
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What top-k, then top-p over the tokens top-k kept, then min-p keep: token ids [batch, width], ascending, and
+    their unnormalised probabilities (0 where dropped). Top-k keeps every token tied with the k-th, as Hugging Face
+    does; the most likely token always stays (top_p > 0, min_p <= 1). width: how many of the most likely tokens to
+    look at, at least twice every drawing row's top_k, or the vocabulary."""
+    vocab_size = logits.shape[-1]
+    if width < vocab_size:
+        values, token_ids = logits.topk(width, dim=-1)
+        token_ids, by_id = token_ids.sort(dim=-1)
+        values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+        token_ids = token_ids.gather(1, by_value)
+    else:
+        values, token_ids = logits.sort(dim=-1, descending=True, stable=True)
+    # -- most likely first, ties by token id, on either path
+    kth = values.gather(1, top_k.clamp(max=width).sub(1).unsqueeze(1))
+    weights = (values - values[:, :1]).exp().double().masked_fill_(values < kth, 0.0)
+    cdf = weights.cumsum(dim=-1)
+    drop = (cdf - weights >= top_p.unsqueeze(1) * cdf[:, -1:]) | (weights < min_p.unsqueeze(1))
+    weights.masked_fill_(drop, 0.0)
+    # -- back to token order, the order in which a row with no filter draws over the whole vocabulary
+    if width == vocab_size:
+        in_token_order = torch.zeros_like(weights).scatter_(1, token_ids, weights)
+        return torch.arange(vocab_size, device=logits.device).expand_as(token_ids), in_token_order
+    token_ids, by_id = token_ids.sort(dim=-1)
+    return token_ids, weights.gather(1, by_id)

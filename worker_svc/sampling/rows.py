@@ -9,7 +9,7 @@ import torch
 
 from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.bad_words import BadWords
-from worker_svc.sampling.ops import Penalties, RandomDraws, SamplingTensors, SparseLogits
+from worker_svc.sampling.ops import TOP_K_CANDIDATES, Penalties, RandomDraws, SamplingTensors, SparseLogits
 from worker_svc.sampling.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
@@ -123,7 +123,7 @@ class SamplingRows:
                 temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
                 min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
                 output_positions=ints[:, _I["num_output"]],
-                needs_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params))
+                filter_width=self._filter_width([p for p in params if not p.greedy]))
         if penalties:
             tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
                                           floats[:, _F["repetition"]], self._output_counts[index],
@@ -145,6 +145,15 @@ class SamplingRows:
             listed = listed.scatter_(1, self._allowed.ids[index], True)[:, :self.vocab_size]  # padding lands past it
             tensors.allowed = listed | ~listed.any(dim=1, keepdim=True)  # a row with no list allows every token
         return tensors
+
+    def _filter_width(self, drawing: list[SamplingParams]) -> int | None:
+        """None when no drawing row filters; the candidates of a top-k step when every drawing row has a small
+        top-k; else the whole vocabulary."""
+        if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in drawing):
+            return None
+        if all(0 < p.top_k <= TOP_K_CANDIDATES // 2 for p in drawing):
+            return min(TOP_K_CANDIDATES, self.vocab_size)
+        return self.vocab_size
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Counts one sampled token for each row in `index`."""
