@@ -2,6 +2,7 @@
 from dataclasses import dataclass
 
 from scheduler_svc.request import FinishReason
+from sluice.core.errors import SluiceError
 from sluice.core.logprobs import Logprobs
 
 
@@ -16,6 +17,7 @@ class RequestUpdate:
     sample_index: int = 0  # which of the request's n samples
     logprobs: Logprobs | None = None  # of new_token_ids, where asked
     prompt_logprobs: Logprobs | None = None  # of prompt tokens not sent before, where asked
+    error: SluiceError | None = None  # why the request failed (finish_reason ERROR)
 
     @property
     def finished(self) -> bool:

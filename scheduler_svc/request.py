@@ -10,6 +10,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # cancelled by the client or the router
     DEADLINE = "deadline"  # the request's deadline passed
+    ERROR = "error"  # the request cannot go on: its structured output reached text no token continues
 
 
 class RequestStatus(enum.Enum):
@@ -20,6 +21,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_DEADLINE = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -31,6 +33,7 @@ _FINISHED_STATUS = {
     FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
     FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
     FinishReason.DEADLINE: RequestStatus.FINISHED_DEADLINE,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
 }
 
 

@@ -13,7 +13,7 @@ from sluice.core.step_plan import StepPlan
 from sluice.serving.tracing import carrier_of, context_of
 
 _FINISHED_REASON = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
-                    FinishReason.DEADLINE: "abort"}
+                    FinishReason.DEADLINE: "abort", FinishReason.ERROR: "abort"}
 
 
 @dataclass(slots=True)
