@@ -2,7 +2,6 @@
 at validation when llguidance cannot read it or no token of the model can start it, on the stream when no token can
 continue the text generated so far. No token of SmolLM2 spells the byte 0x14."""
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -11,14 +10,6 @@ import pytest
 from sluice.client import chat_request, text_request
 
 CANNOT_SPELL = "no text the model's tokens can spell satisfies it"
-
-
-def _wait_for_idle(services, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while (load := services.load()).num_running or load.num_waiting:
-        assert time.monotonic() < deadline, f"scheduler still busy: {load}"
-        time.sleep(0.05)
-    return load
 
 
 def _stream(services, request):
@@ -41,7 +32,7 @@ def _stream(services, request):
     (dict(grammar="start: /\\x14+/"), "sampling.grammar", CANNOT_SPELL),
 ])
 def test_constraint_that_cannot_start_is_invalid_argument_at_validation(services, constraint, field, reason):
-    before = _wait_for_idle(services)
+    before = services.wait_until_idle()
     text, code, details = _stream(services, text_request("Hello", max_tokens=4, ignore_eos=True, **constraint))
     assert (text, code) == ("", grpc.StatusCode.INVALID_ARGUMENT)
     assert details.startswith(f"{field}: {reason}"), details
@@ -60,7 +51,7 @@ def test_schema_true_is_any_json_value(services):
 def test_constraint_that_dead_ends_fails_its_stream_and_spares_the_batch(services):
     """After "a" the regex needs 0x14: the stream that streamed "a" ends with INVALID_ARGUMENT, while the requests
     batched with it finish as usual."""
-    before = _wait_for_idle(services)
+    before = services.wait_until_idle()
     stuck = text_request("Say a:", regex="a\x14", temperature=0.0, max_tokens=8)
     plain = text_request("The capital of France is", temperature=0.0, ignore_eos=True, max_tokens=8)
     city = chat_request("What is the capital of France?", choice=["Paris", "Rome"], temperature=0.0)
@@ -72,14 +63,14 @@ def test_constraint_that_dead_ends_fails_its_stream_and_spares_the_batch(service
     assert details == f"sampling.regex: {CANNOT_SPELL} (at output token 2)"
     assert (plain_result.finish_reason, len(plain_result.token_ids)) == ("length", 8)
     assert (city_result.finish_reason, city_result.text) == ("stop", "Paris")
-    assert _wait_for_idle(services).num_free_blocks == before.num_free_blocks
+    assert services.wait_until_idle().num_free_blocks == before.num_free_blocks
 
 
 @pytest.mark.slow
 def test_dead_end_in_one_sample_fails_the_request_and_frees_every_sample(services):
-    before = _wait_for_idle(services)
+    before = services.wait_until_idle()
     request = text_request("Say a:", regex="a\x14", temperature=1.0, seed=3, n=4, ignore_eos=True, max_tokens=8)
     _, code, details = _stream(services, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.startswith(f"sampling.regex: {CANNOT_SPELL}")
-    assert _wait_for_idle(services).num_free_blocks == before.num_free_blocks
+    assert services.wait_until_idle().num_free_blocks == before.num_free_blocks
