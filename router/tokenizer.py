@@ -1,10 +1,12 @@
 from pathlib import Path
 
+import llguidance.hf
 from jinja2 import TemplateError, TemplateSyntaxError
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer
 
 from sluice.core.errors import InvalidArgument
+from sluice.core.grammar import grammar_for, start_error
 from sluice.core.sampling_params import SamplingParams
 
 
@@ -17,10 +19,16 @@ class RouterTokenizer:
         else:
             self._hf = AutoTokenizer.from_pretrained(model_path)
         self.vocab_size = len(self._hf)
+        self._grammar_tokenizer = llguidance.hf.from_tokenizer(self._hf)
 
-    @staticmethod
-    def check_text_controls(params: SamplingParams) -> None:
-        """With a tokenizer, every text control (stop strings, structured output) can be honoured."""
+    def check_text_controls(self, params: SamplingParams) -> None:
+        """With a tokenizer, stop strings and bad words can be honoured, and a constraint some token can start."""
+        grammar = grammar_for(params)
+        if grammar is None:
+            return
+        error = start_error(self._grammar_tokenizer, grammar)
+        if error is not None:
+            raise InvalidArgument(f"sampling.{params.constraint}", error)
 
     def encode_text(self, text: str) -> list[int]:
         return self._hf(text).input_ids

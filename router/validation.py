@@ -152,7 +152,12 @@ def _check_constraint(params: SamplingParams) -> None:
             raise InvalidArgument(field, f"not valid JSON: {error}") from error
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(field, "a JSON schema is an object or a boolean")
-    error = grammar_error(grammar_for(params))
+        if schema is False:
+            raise InvalidArgument(field, "the schema false admits no value")
+    try:
+        error = grammar_error(grammar_for(params))
+    except ValueError as unreadable:
+        raise InvalidArgument(field, f"llguidance cannot read it: {unreadable}") from unreadable
     if error is not None:
         raise InvalidArgument(field, f"does not compile: {error.strip()}")
 

@@ -1,6 +1,7 @@
 """What the scheduler reports to the router: per-request token deltas and the replica's load."""
 from dataclasses import dataclass
 
+from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 
@@ -16,6 +17,7 @@ class RequestUpdate:
     sample_index: int = 0  # which of the request's n samples
     logprobs: Logprobs | None = None  # of new_token_ids, where asked
     prompt_logprobs: Logprobs | None = None  # of prompt tokens not sent before, where asked
+    error: SluiceError | None = None  # why the request failed (finish_reason ERROR)
 
     @property
     def finished(self) -> bool:

@@ -14,6 +14,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_DEADLINE = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -25,6 +26,7 @@ _FINISHED_STATUS = {
     FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
     FinishReason.ABORT: RequestStatus.FINISHED_ABORTED,
     FinishReason.DEADLINE: RequestStatus.FINISHED_DEADLINE,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
 }
 
 

@@ -13,7 +13,7 @@ from scheduler_svc.parallel_sampling import SampleGroups, split_samples
 from scheduler_svc.request import Request, RequestStatus
 from scheduler_svc.request_queue import WaitingQueue, policy_key
 from scheduler_svc.stop_check import check_stop
-from sluice.core.errors import InvalidArgument
+from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
@@ -176,7 +176,7 @@ class Scheduler:
         if not self._in_flight or plan.step_id != self._in_flight[0]:
             raise ValueError(f"step {plan.step_id} is not the oldest step in flight ({list(self._in_flight)})")
         self._in_flight.popleft()
-        updates = []
+        updates = self._fail_grammar_errors(plan, outcome.grammar_errors)
         sampled = outcome.sampled_token_ids
         grammar_completed = set(outcome.grammar_completed_request_ids)
         chunk_starts = {r.request_id: r.num_computed_tokens for r in (*plan.new_requests, *plan.cached_requests)}
@@ -199,6 +199,20 @@ class Scheduler:
             if reason is not None:
                 self._finish(request, reason)
             updates.append(self._update(request, [token_id], outcome.logprobs.get(request_id), prompt_logprobs))
+        return updates
+
+    def _fail_grammar_errors(self, plan: StepPlan, errors: dict[str, str]) -> list[RequestUpdate]:
+        """Ends each request whose constraint the worker could not continue with INVALID_ARGUMENT; its token of
+        this step, if any, is not taken."""
+        updates = []
+        for request_id, reason in errors.items():
+            request = self._requests.get(request_id)
+            if request is None or request.status is not RUNNING or request.preempted_at_step > plan.step_id:
+                continue  # finished since, or the error is of a run dropped by a preemption
+            self._finish(request, FinishReason.ERROR)
+            error = InvalidArgument(f"sampling.{request.sampling_params.constraint}",
+                                    f"{reason} (at output token {request.num_output_tokens + 1})")
+            updates.append(self._update(request, [], error=error))
         return updates
 
     @staticmethod
@@ -346,7 +360,7 @@ class Scheduler:
 
     @staticmethod
     def _update(request: Request, new_token_ids: list[int], logprobs: Logprobs | None = None,
-                prompt_logprobs: Logprobs | None = None) -> RequestUpdate:
+                prompt_logprobs: Logprobs | None = None, error: SluiceError | None = None) -> RequestUpdate:
         return RequestUpdate(request.client_request_id, new_token_ids, request.finish_reason,
                              request.num_prompt_tokens, request.num_cached_tokens, request.num_output_tokens,
-                             request.sample_index, logprobs, prompt_logprobs)
+                             request.sample_index, logprobs, prompt_logprobs, error)

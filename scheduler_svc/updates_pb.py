@@ -7,6 +7,7 @@ from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs_pb import logprobs_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
+from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2
 
 
@@ -31,7 +32,8 @@ def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
         sample_indices=[u.sample_index for u in with_tokens],
         token_counts=[len(u.new_token_ids) for u in with_tokens],
         token_ids=[token for u in with_tokens for token in u.new_token_ids],
-        finished=[_finished_to_pb(u) for u in updates if u.finished],
+        finished=[_finished_to_pb(u) for u in updates if u.finished and u.error is None],
+        rejections=[_rejection_to_pb(u) for u in updates if u.error is not None],
         logprobs=[_logprobs_to_pb(u) for u in updates if u.logprobs is not None or u.prompt_logprobs is not None],
     )
 
@@ -55,6 +57,11 @@ def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
         deadline_exceeded=update.finish_reason is FinishReason.DEADLINE,
         index=update.sample_index,
     )
+
+
+def _rejection_to_pb(update: RequestUpdate) -> scheduler_pb2.Rejection:
+    return scheduler_pb2.Rejection(request_id=update.request_id, status_code=status_for(update.error).value[0],
+                                   message=str(update.error))
 
 
 def load_to_pb(load: LoadSnapshot) -> scheduler_pb2.Load:

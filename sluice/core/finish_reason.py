@@ -6,8 +6,9 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # cancelled by the client or the router
     DEADLINE = "deadline"  # the request's deadline passed
+    ERROR = "error"  # the request cannot go on: its structured output reached text no token continues
 
     @property
     def reported(self) -> str:
-        """The name clients, spans and metrics see (OpenAI's): a passed deadline reads as an abort."""
-        return FinishReason.ABORT.value if self is FinishReason.DEADLINE else self.value
+        """The name clients, spans and metrics see (OpenAI's): a passed deadline or an error reads as an abort."""
+        return FinishReason.ABORT.value if self in (FinishReason.DEADLINE, FinishReason.ERROR) else self.value

@@ -52,3 +52,4 @@ class StepOutcome:
     logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, where asked
     prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the prompt tokens this step predicted
     grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete
+    grammar_errors: dict[str, str] = field(default_factory=dict)  # request id -> why its constraint cannot go on

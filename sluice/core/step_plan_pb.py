@@ -60,6 +60,7 @@ def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
         logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.logprobs.items()},
         prompt_logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.prompt_logprobs.items()},
         grammar_completed_request_ids=outcome.grammar_completed_request_ids,
+        grammar_errors=outcome.grammar_errors,
     )
 
 
@@ -69,4 +70,5 @@ def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
         logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.logprobs.items()},
         prompt_logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.prompt_logprobs.items()},
         grammar_completed_request_ids=list(message.grammar_completed_request_ids),
+        grammar_errors=dict(message.grammar_errors),
     )

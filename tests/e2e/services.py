@@ -31,6 +31,14 @@ class RunningServices:
     def load(self) -> scheduler_pb2.Load:
         return self._scheduler.GetLoad(scheduler_pb2.GetLoadRequest())
 
+    def wait_until_idle(self, timeout: float = 10.0) -> scheduler_pb2.Load:
+        """The scheduler's load once no request runs or waits."""
+        deadline = time.monotonic() + timeout
+        while (load := self.load()).num_running or load.num_waiting:
+            assert time.monotonic() < deadline, f"scheduler still busy: {load}"
+            time.sleep(0.05)
+        return load
+
     def metrics_url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.metrics_ports[service]}/metrics"
 

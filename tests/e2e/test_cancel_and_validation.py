@@ -1,5 +1,3 @@
-import time
-
 import grpc
 import pytest
 
@@ -8,18 +6,8 @@ from sluice.client import text_request
 from sluice.v1 import generation_pb2 as pb
 
 
-def _wait_for_idle(services, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        load = services.load()
-        if load.num_running == 0 and load.num_waiting == 0:
-            return load
-        time.sleep(0.05)
-    raise AssertionError(f"scheduler still busy: {services.load()}")
-
-
 def test_client_cancel_frees_blocks(services):
-    before = _wait_for_idle(services)
+    before = services.wait_until_idle()
     call = services.client.stream(text_request("Tell me a very long story about dragons.", max_tokens=500,
                                                temperature=0.0, ignore_eos=True))
     chunks = 0
@@ -29,7 +17,7 @@ def test_client_cancel_frees_blocks(services):
             break
     assert services.load().num_running == 1
     call.cancel()
-    after = _wait_for_idle(services)
+    after = services.wait_until_idle()
     assert after.num_free_blocks == before.num_free_blocks
     assert after.num_used_blocks == before.num_used_blocks
 
@@ -42,7 +30,7 @@ def test_abort_rpc_ends_the_stream(services):
     assert services.client.abort("abort-me")
     last = list(call)[-1]
     assert last.complete.finish_reason == pb.FINISH_REASON_ABORT
-    _wait_for_idle(services)
+    services.wait_until_idle()
 
 
 @pytest.mark.parametrize("request_, field", [
@@ -106,10 +94,10 @@ def test_bad_input_is_invalid_argument_and_server_keeps_serving(services, reques
 
 
 def test_deadline_exceeded_frees_blocks(services):
-    before = _wait_for_idle(services)
+    before = services.wait_until_idle()
     with pytest.raises(grpc.RpcError) as error:
         request = text_request("Write a long essay.", max_tokens=2000, temperature=0.0, ignore_eos=True)
         services.client.generate(request, timeout=0.5)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    after = _wait_for_idle(services)
+    after = services.wait_until_idle()
     assert after.num_free_blocks == before.num_free_blocks

@@ -36,6 +36,7 @@ class _WorkerRequest:
     num_computed_tokens: int
     num_prompt_tokens: int
     prompt_logprobs: bool
+    constrained: bool
 
 
 @dataclass
@@ -43,11 +44,13 @@ class FakeWorker:
     """Plays the worker's side of the StepPlan contract. Its KV cache stores, per block slot, the token whose KV
     was written there, so a prefix hit that hands out wrong blocks, or a write into a shared block, is caught.
     Requests that ask for prompt logprobs get one entry (the predicted prompt token, logprob 0) per prompt position
-    a step computes."""
+    a step computes. A constrained request's sample reports, with grammar_error_probability, that its constraint
+    cannot go on, as the worker does when no token continues it."""
 
     block_size: int
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     eos_probability: float = 0.0
+    grammar_error_probability: float = 0.0
     vocab: int = 50
     requests: dict[str, _WorkerRequest] = field(default_factory=dict)
     kv: dict[int, list[int | None]] = field(default_factory=dict)
@@ -68,13 +71,14 @@ class FakeWorker:
                 assert self._kv_at(new.block_ids, pos) == new.token_ids[pos], "prefix hit returned wrong KV"
             self.requests[new.request_id] = _WorkerRequest(
                 list(new.token_ids), list(new.block_ids), new.num_computed_tokens,
-                len(new.token_ids) - new.num_output_tokens, new.sampling_params.prompt_logprobs is not None)
+                len(new.token_ids) - new.num_output_tokens, new.sampling_params.prompt_logprobs is not None,
+                new.sampling_params.constraint is not None)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             assert cached.num_computed_tokens == state.num_computed_tokens
             state.block_ids += cached.new_block_ids
         holders = Counter(block for state in self.requests.values() for block in state.block_ids)
-        sampled, prompt_logprobs = {}, {}
+        sampled, prompt_logprobs, grammar_errors = {}, {}, {}
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             assert num_tokens > 0
             state = self.requests[request_id]
@@ -93,7 +97,9 @@ class FakeWorker:
                 state.token_ids.append(token)
                 sampled[request_id] = token
                 self.sampled_log.setdefault(request_id, []).append(token)
-        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs)
+                if state.constrained and self.rng.random() < self.grammar_error_probability:
+                    grammar_errors[request_id] = "no token continues it"
+        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs, grammar_errors=grammar_errors)
 
     def sample(self) -> int:
         if self.rng.random() < self.eos_probability:

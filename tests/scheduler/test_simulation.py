@@ -1,12 +1,13 @@
 """Drives the Scheduler through 1,000 random requests (random lengths, priorities, shared prefixes, cancellations,
-deadlines) against a KV pool small enough to force preemption, with the fake worker of sched_testkit."""
+deadlines, constraints that fail) against a KV pool small enough to force preemption, with the fake worker of
+sched_testkit."""
 import random
 from collections import deque
 
 import pytest
 from sched_testkit import EOS, FakeWorker, make_request, make_scheduler
 
-from sluice.core.errors import ResourceExhausted
+from sluice.core.errors import InvalidArgument, ResourceExhausted
 from sluice.core.finish_reason import FinishReason
 
 NUM_REQUESTS = 1000
@@ -25,7 +26,8 @@ def _request_specs(rng: random.Random):
         tail = [rng.randrange(1, 50) for _ in range(rng.randint(1, MAX_PROMPT - len(prefix)))]
         specs.append(dict(request_id=f"r{i}", prompt=prefix + tail, max_tokens=rng.randint(1, MAX_OUTPUT),
                           priority=rng.randint(0, 3), arrival_time=float(i),
-                          deadline_in=rng.randint(5, 300) if rng.random() < 0.1 else None))
+                          deadline_in=rng.randint(5, 300) if rng.random() < 0.1 else None,
+                          regex="[a-z]+" if rng.random() < 0.1 else None))
     return specs
 
 
@@ -37,7 +39,8 @@ def test_random_workload_finishes_every_request_within_a_step_bound(steps_in_fli
     scheduler = make_scheduler(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
                                max_num_batched_tokens=BUDGET, max_model_len=MAX_PROMPT + MAX_OUTPUT,
                                max_waiting_requests=64)
-    worker = FakeWorker(block_size=BLOCK_SIZE, rng=random.Random(7), eos_probability=0.03)
+    worker = FakeWorker(block_size=BLOCK_SIZE, rng=random.Random(7), eos_probability=0.03,
+                        grammar_error_probability=0.05)
     specs = _request_specs(rng)
     pending = deque(specs)
     live: set[str] = set()
@@ -71,7 +74,7 @@ def test_random_workload_finishes_every_request_within_a_step_bound(steps_in_fli
             spec = pending[0]
             deadline = None if spec["deadline_in"] is None else steps + spec["deadline_in"]
             request = make_request(spec["request_id"], spec["prompt"], spec["max_tokens"], priority=spec["priority"],
-                                   arrival_time=spec["arrival_time"], deadline=deadline)
+                                   arrival_time=spec["arrival_time"], deadline=deadline, regex=spec["regex"])
             try:
                 scheduler.add_request(request)
             except ResourceExhausted:
@@ -111,6 +114,12 @@ def test_random_workload_finishes_every_request_within_a_step_bound(steps_in_fli
             assert len(tokens) == spec["max_tokens"]
         if update.finish_reason is FinishReason.STOP:
             assert tokens[-1] == EOS and EOS not in tokens[:-1]
+        if update.finish_reason is FinishReason.ERROR:
+            assert spec["regex"] is not None and isinstance(update.error, InvalidArgument)
+            assert update.error.field == "sampling.regex"
+            assert len(worker.sampled_log[spec["request_id"]]) > len(tokens)  # the failing sample is not taken
+        else:
+            assert update.error is None
         if update.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             # a token sampled in a step still in flight when its request finished or was preempted is dropped
             log, num_preemptions = worker.sampled_log[spec["request_id"]], requests[spec["request_id"]].num_preemptions

@@ -18,5 +18,5 @@ def test_outcome_round_trip():
     logprobs = Logprobs(2, [7], [-0.5], [1], [7, 8], [-0.5, -1.5])
     prompt_logprobs = Logprobs(0, [1, 2], [-1.0, -2.0], [3, 4])
     outcome = StepOutcome(4, {"x": 7, "y": 3}, logprobs={"x": logprobs}, prompt_logprobs={"y": prompt_logprobs},
-                          grammar_completed_request_ids=["y"])
+                          grammar_completed_request_ids=["y"], grammar_errors={"x": "no token continues it"})
     assert outcome_from_pb(outcome_to_pb(outcome)) == outcome

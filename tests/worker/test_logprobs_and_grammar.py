@@ -50,3 +50,30 @@ def test_grammar_mask_allows_only_the_choices_and_completes(default_model_dir, h
         assert matchers.advance(["free", "city"], [5, token_id]) == []
     assert matchers.allowed_tokens(["city"])[0, last]
     assert matchers.advance(["free", "city"], [5, last]) == ["city"]  # nothing can follow: complete at once
+
+
+def test_grammar_that_no_token_continues_is_dropped_and_reported(default_model_dir, hf_tokenizer):
+    """No token of the model spells the byte 0x14: the matcher fails when it computes the mask that would need one,
+    and the request is reported once instead of sampling on unconstrained."""
+    vocab = len(hf_tokenizer)
+    tokenizer = load_llguidance_tokenizer(default_model_dir, vocab, (hf_tokenizer.eos_token_id,))
+    matchers = GrammarMatchers(lambda: tokenizer, vocab, torch.device("cpu"))
+    matchers.add("stuck", SamplingParams(regex="a\x14"), [])
+    matchers.add("city", SamplingParams(choice=["Paris", "Rome"]), [])
+    (a,) = hf_tokenizer("a", add_special_tokens=False).input_ids
+    assert matchers.allowed_tokens(["stuck", "city"])[0].nonzero().flatten().tolist() == [a]
+    assert matchers.take_errors() == {}
+    matchers.advance(["stuck", "city"], [a, hf_tokenizer("Rome", add_special_tokens=False).input_ids[0]])
+    allowed = matchers.allowed_tokens(["stuck", "city"])
+    assert matchers.take_errors() == {"stuck": "no text the model's tokens can spell satisfies it"}
+    assert matchers.take_errors() == {}
+    assert allowed[1].any()
+    assert matchers.allowed_tokens(["stuck"]) is None  # no matcher left for it: nothing more to report
+
+
+def test_grammar_without_a_tokenizer_is_reported_not_ignored():
+    matchers = GrammarMatchers(None, 100, torch.device("cpu"))
+    matchers.add("r", SamplingParams(regex="[a-z]+"), [])
+    matchers.add("free", SamplingParams(), [])
+    assert matchers.take_errors() == {"r": "this worker has no tokenizer for structured output"}
+    assert not matchers.active

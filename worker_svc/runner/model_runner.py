@@ -97,7 +97,8 @@ class ModelRunner:
             self.batch.resolve(oldest.sampled, token_ids)
             result = self.sampler.finish(oldest.sample, token_ids)
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
-                                         oldest.prompt_logprobs, result.grammar_completed_request_ids)
+                                         oldest.prompt_logprobs, result.grammar_completed_request_ids,
+                                         result.grammar_errors)
         return step.outcome
 
     def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:

@@ -27,6 +27,7 @@ class SampleResult:
     sampled_token_ids: dict[str, int]
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     grammar_completed_request_ids: list[str] = field(default_factory=list)
+    grammar_errors: dict[str, str] = field(default_factory=dict)
 
 
 class StepSampler:
@@ -70,8 +71,9 @@ class StepSampler:
 
     def finish(self, sample: DeviceSample, token_ids: list[int]) -> SampleResult:
         """The host side once the sampled tokens (`token_ids`, in sample order) have arrived."""
-        result = SampleResult(dict(zip(sample.request_ids, token_ids)),
-                              grammar_completed_request_ids=self.grammars.advance(sample.request_ids, token_ids))
+        completed = self.grammars.advance(sample.request_ids, token_ids)
+        result = SampleResult(dict(zip(sample.request_ids, token_ids)), grammar_completed_request_ids=completed,
+                              grammar_errors=self.grammars.take_errors())
         if sample.logprob_groups:
             result.logprobs = token_logprobs(sample.logprob_logits, sample.token_ids[sample.logprob_rows],
                                              sample.logprob_groups)

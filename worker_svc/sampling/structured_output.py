@@ -1,6 +1,6 @@
 """Structured output in the worker: one llguidance matcher per constrained request. Each step fills the batch's
-token bitmask before sampling and advances the matchers with the sampled tokens."""
-import logging
+token bitmask before sampling and advances the matchers with the sampled tokens. A request whose constraint cannot
+go on (no token continues its text) loses its matcher and is reported, so the scheduler fails it."""
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,10 +9,8 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
-from sluice.core.grammar import grammar_for
+from sluice.core.grammar import grammar_for, matcher_error
 from sluice.core.sampling_params import SamplingParams
-
-log = logging.getLogger("sluice.worker")
 
 
 def load_llguidance_tokenizer(model_path: Path, vocab_size: int,
@@ -35,6 +33,7 @@ class GrammarMatchers:
         self.vocab_size = vocab_size
         self.device = device
         self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._errors: dict[str, str] = {}  # request id -> why its constraint cannot go on, not yet reported
         self._bit_positions = torch.arange(32, dtype=torch.int32, device=device)
 
     def add(self, request_id: str, params: SamplingParams, output_ids: list[int]) -> None:
@@ -42,20 +41,24 @@ class GrammarMatchers:
         if grammar is None:
             return
         if self._load_tokenizer is None:
-            log.warning("request %s: no tokenizer for structured output; it runs unconstrained", request_id)
+            self._errors[request_id] = "this worker has no tokenizer for structured output"
             return
         if self._tokenizer is None:
             self._tokenizer = self._load_tokenizer()
             self._executor = llguidance.LLExecutor()
         matcher = llguidance.LLMatcher(self._tokenizer, grammar)
         matcher.consume_tokens(output_ids)
-        if matcher.is_error():
-            log.warning("request %s: structured output off: %s", request_id, matcher.get_error())
-            return
         self._matchers[request_id] = matcher
+        self._drop_if_failed(request_id, matcher)
 
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+        self._errors.pop(request_id, None)
+
+    def take_errors(self) -> dict[str, str]:
+        """The requests whose constraint failed since the last call, and why."""
+        errors, self._errors = self._errors, {}
+        return errors
 
     @property
     def active(self) -> bool:
@@ -65,11 +68,13 @@ class GrammarMatchers:
     def allowed_tokens(self, request_ids: list[str]) -> torch.Tensor | None:
         """[batch, vocab] bool: the tokens each request's grammar allows next (all on unconstrained rows), or None
         when no request of the batch is constrained."""
-        rows = [(self._matchers[r], i) for i, r in enumerate(request_ids) if r in self._matchers]
+        rows = {r: (self._matchers[r], i) for i, r in enumerate(request_ids) if r in self._matchers}
         if not rows:
             return None
         bitmask = llguidance.torch.allocate_token_bitmask(len(request_ids), self.vocab_size)
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, rows, bitmask)
+        llguidance.torch.fill_next_token_bitmask_par(self._executor, list(rows.values()), bitmask)
+        for request_id, (matcher, _) in rows.items():
+            self._drop_if_failed(request_id, matcher)  # a mask without a token that continues fails the matcher
         bits = (bitmask.to(self.device).unsqueeze(-1) >> self._bit_positions) & 1  # [batch, words, 32]
         return bits.flatten(1)[:, :self.vocab_size].bool()
 
@@ -81,9 +86,15 @@ class GrammarMatchers:
             if matcher is None:
                 continue
             matcher.consume_token(token_id)
-            if matcher.is_error():
-                log.warning("request %s: structured output off: %s", request_id, matcher.get_error())
-                del self._matchers[request_id]
-            elif matcher.is_stopped():
+            if not self._drop_if_failed(request_id, matcher) and matcher.is_stopped():
                 completed.append(request_id)
         return completed
+
+    def _drop_if_failed(self, request_id: str, matcher: llguidance.LLMatcher) -> bool:
+        """Drops the request's matcher, recording why, once it cannot go on. True if it was dropped."""
+        error = matcher_error(matcher)
+        if error is None:
+            return False
+        del self._matchers[request_id]
+        self._errors[request_id] = error
+        return True
