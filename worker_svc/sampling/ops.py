@@ -16,6 +16,9 @@ import torch
 from worker_svc.sampling.seeded_random import seeded_uniform
 
 TOP_K_CANDIDATES = 1024  # the most likely tokens the filters look at when every sampled row has top_k <= half of it
+# NOTE: H200, 256 rows of a 151,936 vocabulary (benchmarks/sampling.py), a whole sampling step: temperature 0.8, top-p
+# 0.95, top-k 50 takes 2.10-2.18 ms against 6.19-6.21 ms with the vocabulary sort; top-p 0.95 alone still sorts, and
+# takes 6.79-7.16 ms against 6.12-6.19 ms before the sort's rows kept their ties in token order and drew in token order.
 
 
 @dataclass(slots=True)
@@ -78,13 +81,14 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 
 
 def unnormalised_probs(logits: torch.Tensor) -> torch.Tensor:
-    """exp(logit - the row's largest), in float64: each row's probabilities up to one factor."""
-    return (logits - logits.amax(dim=-1, keepdim=True)).exp().double()
+    """exp(logit - the row's largest): each row's probabilities up to one factor."""
+    return (logits - logits.amax(dim=-1, keepdim=True)).exp_()
 
 
 def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The first index whose cumulative weight exceeds `uniform` times the total (a weight of 0 is never drawn)."""
-    cdf = weights.cumsum(dim=-1)
+    """The first index whose cumulative weight (summed in float64) exceeds `uniform` times the total (a weight of 0 is
+    never drawn)."""
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
     target = (uniform * cdf[:, -1]).unsqueeze(1)
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=weights.shape[-1] - 1)
 
@@ -129,8 +133,8 @@ def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
         values, token_ids = logits.sort(dim=-1, descending=True, stable=True)
     # -- most likely first, ties by token id, on either path
     kth = values.gather(1, top_k.clamp(max=width).sub(1).unsqueeze(1))
-    weights = (values - values[:, :1]).exp().double().masked_fill_(values < kth, 0.0)
-    cdf = weights.cumsum(dim=-1)
+    weights = (values - values[:, :1]).exp_().masked_fill_(values < kth, 0.0)
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
     drop = (cdf - weights >= top_p.unsqueeze(1) * cdf[:, -1:]) | (weights < min_p.unsqueeze(1))
     weights.masked_fill_(drop, 0.0)
     # -- back to token order, the order in which a row with no filter draws over the whole vocabulary
