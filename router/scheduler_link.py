@@ -40,6 +40,9 @@ class SchedulerLink:
         return await self.stub.GetModelInfo(generation_pb2.GetModelInfoRequest(), timeout=timeout,
                                             wait_for_ready=True)
 
+    async def load(self, timeout: float) -> scheduler_pb2.Load:
+        return await self.stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout)
+
     def start(self) -> None:
         self._reader = asyncio.create_task(self._keep_connected())
 

@@ -30,8 +30,8 @@ class Tokens:
     def extend(self, token_ids, logprobs: Logprobs | None = None, prompt_logprobs: Logprobs | None = None) -> None:
         """Appends a later step's news."""
         self.token_ids += token_ids
-        self.logprobs = _joined(self.logprobs, logprobs)
-        self.prompt_logprobs = _joined(self.prompt_logprobs, prompt_logprobs)
+        self.logprobs = joined_logprobs(self.logprobs, logprobs)
+        self.prompt_logprobs = joined_logprobs(self.prompt_logprobs, prompt_logprobs)
 
 
 @dataclass(slots=True)
@@ -59,7 +59,8 @@ class Failed:
 Event = Tokens | Finished | Failed
 
 
-def _joined(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
+def joined_logprobs(first: Logprobs | None, second: Logprobs | None) -> Logprobs | None:
+    """Both, in order (extending the first in place), or whichever is not None."""
     if first is None or second is None:
         return second if first is None else first
     first.extend(second)

@@ -33,6 +33,14 @@ class SchedulerPool:
             raise ValueError("the schedulers serve different models")
         return min(infos, key=lambda info: info.max_model_len)
 
+    async def loads(self, timeout: float) -> list:
+        """The Load of every connected replica."""
+        return await asyncio.gather(*(link.load(timeout) for link in self.links if link.connected))
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(link.num_in_flight for link in self.links)
+
     def start(self) -> None:
         for link in self.links:
             link.start()

@@ -3,12 +3,14 @@ import logging
 from pathlib import Path
 
 import grpc
+from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from router.metrics import RouterMetrics
 from router.request_telemetry import RouterTelemetry
 from router.scheduler_pool import SchedulerPool
 from router.servicer import GenerationServicer
 from router.tokenizer import RouterTokenizer, TokenIdsOnly
+from router.vllm_servicer import VllmEngineServicer
 from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 from sluice.serving.operations import Operations
 from sluice.serving.readiness import wait_until_serving
@@ -16,6 +18,7 @@ from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, generation_pb2_grpc, scheduler_pb2
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+VLLM_SERVICE_NAME = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 SCHEDULER_SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 log = logging.getLogger("sluice.router")
 
@@ -25,8 +28,9 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                 scheduler_timeout: float = 600.0, max_request_bytes: int = MAX_CLIENT_REQUEST_BYTES) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
-    in flight finish. A client message over max_request_bytes gets RESOURCE_EXHAUSTED."""
-    async with Service([SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
+    in flight finish. A client message over max_request_bytes gets RESOURCE_EXHAUSTED. Serves sluice.v1.Generation
+    and, for gateways such as smg, vLLM's engine protocol."""
+    async with Service([SERVICE_NAME, VLLM_SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
                        max_request_bytes) as service:
         port = await service.start(address)
         pool = SchedulerPool(scheduler_addresses)
@@ -42,6 +46,9 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                                         model_info.model)
             service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
                         GenerationServicer(pool, tokenizer, model_info, telemetry))
+            service.add(vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server,
+                        VllmEngineServicer(pool, tokenizer, model_info, telemetry, tokenizer_path,
+                                           lambda: service.gate.open))
             pool.on_ready = service.set_ready
             pool.start()
             log.info("router on port %d, serving %s", port, model_info.model)

@@ -19,6 +19,8 @@ class RouterTokenizer:
         else:
             self._hf = AutoTokenizer.from_pretrained(model_path)
         self.vocab_size = len(self._hf)
+        self.bos_token_id: int | None = self._hf.bos_token_id
+        self.pad_token_id: int | None = self._hf.pad_token_id
         self._grammar_tokenizer = llguidance.hf.from_tokenizer(self._hf)
 
     def check_text_controls(self, params: SamplingParams) -> None:
@@ -78,6 +80,7 @@ class TokenIdsOnly:
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
+        self.bos_token_id = self.pad_token_id = None
 
     @staticmethod
     def check_text_controls(params: SamplingParams) -> None:

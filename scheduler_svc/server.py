@@ -43,7 +43,8 @@ async def serve(worker_address: str, address: str, operations: Operations, num_b
             model_info = generation_pb2.ModelInfo(model=info.model, architecture=info.architecture,
                                                   max_model_len=config.max_model_len, vocab_size=info.vocab_size,
                                                   dtype=info.dtype, num_kv_blocks=config.num_blocks,
-                                                  block_size=config.block_size)
+                                                  block_size=config.block_size,
+                                                  eos_token_ids=sorted(info.eos_token_ids))
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
             await service.set_ready(True)

@@ -83,16 +83,18 @@ class RestartBackoff:
 class KeptService:
     """A service's process, started again with its command line whenever it exits, after a backoff delay."""
 
-    def __init__(self, process: subprocess.Popen, backoff: RestartBackoff):
+    def __init__(self, process: subprocess.Popen, backoff: RestartBackoff, name: str | None = None):
+        """name: for the log (default: the Sluice service the command runs)."""
         self.process = process
         self.backoff = backoff
+        self._name = name
         self._started = time.monotonic()
         self._delay = backoff.first_delay
         self._restart_at: float | None = None
 
     @property
     def name(self) -> str:
-        return self.process.args[3]  # python -m sluice.cli <name> ...
+        return self._name or self.process.args[3]  # python -m sluice.cli <name> ...
 
     def poll(self, now: float) -> None:
         if self._restart_at is None:

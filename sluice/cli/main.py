@@ -4,6 +4,7 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def _add_serve(commands) -> None:
     command.add_argument("--host", default="127.0.0.1")
     command.add_argument("--port", type=int, default=50051, help="the router's port")
     command.add_argument("--startup-timeout", type=float, default=600.0)
+    command.add_argument("--openai-port", type=int,
+                         help="also serve the OpenAI and Anthropic APIs over HTTP on this port, through smg "
+                              "(pip install 'sluice[gateway]')")
+    command.add_argument("--openai-metrics-port", type=int, default=29000, help="the gateway's Prometheus port")
     add_worker_options(command)
     add_scheduler_options(command)
     add_router_limit_options(command)
@@ -58,10 +63,15 @@ def _add_serve(commands) -> None:
 
 
 def _serve(args) -> None:
+    from sluice.cli.gateway import GatewayLayout, gateway_command, wait_until_gateway_serves
     from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, free_port, keep_running, start_services,
                                      stop_services, wait_until_serving)
 
     args.model = args.model or default_model()
+    gateway = GatewayLayout(args.host, args.openai_port, args.openai_metrics_port) if args.openai_port else None
+    if gateway is not None and (args.auth_token or args.tls_cert):
+        raise SystemExit("--openai-port: smg presents no token or TLS client setup to its workers; drop "
+                         "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
     layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
     router_flags += [*access_flags(args), *router_limit_flags(args)]
@@ -73,6 +83,11 @@ def _serve(args) -> None:
     try:
         wait_until_serving(layout.router_address, "sluice.v1.Generation", args.startup_timeout, processes)
         print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
+        if gateway is not None:
+            smg = subprocess.Popen(gateway_command(gateway, [layout.router_address], args.model))
+            services.append(KeptService(smg, RestartBackoff(), name="gateway"))
+            wait_until_gateway_serves(gateway, args.startup_timeout, smg)
+            print(f"the OpenAI API is on {gateway.url}/v1", flush=True)
         keep_running(services)
     except KeyboardInterrupt:
         pass

@@ -5,6 +5,8 @@ import grpc
 
 OPERATIONS_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
                        "grpc.reflection.v1.ServerReflection")
+# Gateways' health probes, answered while not ready too (they say so in their reply): vLLM's engine protocol's.
+OPERATIONS_METHODS = ("/vllm.grpc.engine.VllmEngine/HealthCheck",)
 
 _CONSTRUCTORS = {
     (False, False): (grpc.unary_unary_rpc_method_handler, "unary_unary"),
@@ -16,7 +18,7 @@ _CONSTRUCTORS = {
 
 def is_operations_method(method: str) -> bool:
     """Health checks and reflection: always answered, never authenticated, drained or traced."""
-    return method.lstrip("/").split("/", 1)[0] in OPERATIONS_SERVICES
+    return method in OPERATIONS_METHODS or method.lstrip("/").split("/", 1)[0] in OPERATIONS_SERVICES
 
 
 def with_behavior(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable], Callable]) -> grpc.RpcMethodHandler:

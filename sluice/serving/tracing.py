@@ -4,13 +4,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
-from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_name
+from opentelemetry.instrumentation.grpc.filters import any_of, full_method_name, negate, service_name
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sluice.serving.rpc_handlers import OPERATIONS_SERVICES
+from sluice.serving.rpc_handlers import OPERATIONS_METHODS, OPERATIONS_SERVICES
 
 TRACER_NAME = "sluice"
 _FLUSH_TIMEOUT_MILLIS = 3000
@@ -28,7 +28,8 @@ def tracer_of(provider: TracerProvider | None) -> trace.Tracer:
 
 
 def server_interceptor(provider: TracerProvider):
-    untraced = any_of(*(service_name(name) for name in OPERATIONS_SERVICES))
+    untraced = any_of(*(service_name(name) for name in OPERATIONS_SERVICES),
+                      *(full_method_name(name) for name in OPERATIONS_METHODS))
     return aio_server_interceptor(tracer_provider=provider, filter_=negate(untraced))
 
 

@@ -12,7 +12,8 @@ import yaml
 from sluice.cli.main import build_parser
 
 K8S = Path(__file__).parents[2] / "k8s"
-KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu"}
+KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu",
+                  "gateway": K8S / "overlays" / "gateway"}
 READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
 
 
@@ -34,12 +35,17 @@ def rendered(request) -> list[dict]:
     return render(KUSTOMIZATIONS[request.param])
 
 
-def _containers(documents: list[dict]):
+def _all_containers(documents: list[dict]):
     for document in documents:
         template = document.get("spec", {}).get("template")
         if document["kind"] in ("Deployment", "StatefulSet"):
             for container in template["spec"]["containers"]:
                 yield template["spec"], container
+
+
+def _containers(documents: list[dict]):
+    """Sluice's own: the router, the scheduler and the worker."""
+    return ((pod, container) for pod, container in _all_containers(documents) if container["name"] in READINESS)
 
 
 def _option(args: list[str], name: str) -> str:
@@ -77,7 +83,7 @@ def test_probes_are_native_grpc_with_a_startup_probe_for_loading(rendered):
 
 
 def test_services_are_headless_and_every_container_exports_traces_and_metrics(rendered):
-    services = [d for d in rendered if d["kind"] == "Service"]
+    services = [d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] != "sluice-gateway"]
     assert {s["metadata"]["name"] for s in services} == {"sluice-router", "sluice-scheduler", "sluice-worker"}
     assert all(s["spec"]["clusterIP"] == "None" for s in services)
     otel = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sluice-otel")
@@ -106,3 +112,24 @@ def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
         assert (gpus == 1) == (name == "gpu")
         assert (_option(worker["args"], "device") == "cuda") == (name == "gpu")
 
+
+
+def test_the_gateway_overlay_puts_smg_in_front_of_the_router_service():
+    from smg.launch_router import parse_router_args
+
+    documents = render(KUSTOMIZATIONS["gateway"])
+    pod, gateway = next((p, c) for p, c in _all_containers(documents) if c["name"] == "gateway")
+    assert gateway["command"] == ["python3", "-m", "smg", "launch"]
+    options = parse_router_args(gateway["args"])
+    router = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice-router")
+    router_port = next(p["port"] for p in router["spec"]["ports"] if p["name"] == "grpc")
+    assert options.worker_urls == [f"grpc://sluice-router:{router_port}"]
+    assert options.backend == "vllm"
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports == {"http": options.port, "metrics": options.prometheus_port}
+    assert pod["terminationGracePeriodSeconds"] > float(gateway["lifecycle"]["preStop"]["exec"]["command"][1]) + \
+        options.shutdown_grace_period_secs
+    for probe, path in (("startupProbe", "/readiness"), ("readinessProbe", "/readiness"), ("livenessProbe", "/liveness")):
+        assert gateway[probe]["httpGet"] == {"path": path, "port": "http"}
+    service = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice-gateway")
+    assert service["spec"]["ports"] == [{"name": "http", "port": options.port, "targetPort": "http"}]

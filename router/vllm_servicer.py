@@ -1,0 +1,100 @@
+"""vLLM's engine protocol (vllm.grpc.engine.VllmEngine, from smg-grpc-proto) on the router, so a gateway that speaks
+it (smg) fronts Sluice: token ids in and out, the same checks, admission, deadlines and telemetry as sluice.v1."""
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+
+from router.generation_flow import deadline_unix_seconds, stream_generation
+from router.request_checks import RequestChecks
+from router.request_telemetry import RouterTelemetry
+from router.scheduler_messages import Submission
+from router.scheduler_pool import SchedulerPool
+from router.tokenizer_bundle import tokenizer_bundle
+from router.vllm_info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
+from router.vllm_output import vllm_generation_output
+from router.vllm_sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
+from sluice.core.errors import InvalidArgument
+from sluice.core.finish_reason import FinishReason
+from sluice.v1 import generation_pb2
+
+_TOKENIZER_CHUNK_BYTES = 64 * 1024
+_LOAD_TIMEOUT_SECONDS = 5.0
+_UNSUPPORTED_INPUTS = ("mm_inputs", "media_refs", "kv_transfer_params", "kv_transfer_params_json")
+
+
+class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
+    def __init__(self, schedulers: SchedulerPool, tokenizer, model_info: generation_pb2.ModelInfo,
+                 telemetry: RouterTelemetry, tokenizer_path: Path | None, is_ready: Callable[[], bool]):
+        self.schedulers = schedulers
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self.telemetry = telemetry
+        self.tokenizer_path = tokenizer_path
+        self.is_ready = is_ready
+        self.checks = RequestChecks(tokenizer, model_info.max_model_len)
+        self._started = time.monotonic()
+
+    async def Generate(self, request: vllm.GenerateRequest, context):
+        prompt_ids = await asyncio.to_thread(self._prompt_token_ids, request)
+        defaults = self.checks.defaults(len(prompt_ids))
+        params = self.checks.sampling(sampling_params_from_vllm_pb(request.sampling_params, defaults),
+                                      len(prompt_ids))
+        request_id = request.request_id or uuid.uuid4().hex
+        telemetry = self.telemetry.begin(request.WhichOneof("input"), request_id, len(prompt_ids), params)
+        submission = Submission(request_id, prompt_ids, params, deadline_unix_seconds=deadline_unix_seconds(context),
+                                trace_context=telemetry.trace_context)
+        output = vllm_generation_output(params, self.tokenizer, prompt_ids, request.stream)
+        async for response in stream_generation(self.schedulers, submission, output, telemetry, context):
+            yield response
+
+    def _prompt_token_ids(self, request: vllm.GenerateRequest) -> list[int]:
+        """Runs in a worker thread, as tokenizing a long text must not hold up the other streams."""
+        unsupported = next((name for name in _UNSUPPORTED_INPUTS if request.HasField(name)), None)
+        if unsupported is not None or request.extra_mm_inputs:
+            raise InvalidArgument(unsupported or "extra_mm_inputs", "not supported: Sluice serves text models "
+                                                                    "without disaggregated prefill")
+        kind = request.WhichOneof("input")
+        if kind == "tokenized":
+            token_ids = list(request.tokenized.input_ids)
+        elif kind == "text":
+            token_ids = self.tokenizer.encode_text(request.text) if request.text else []
+        else:
+            raise InvalidArgument("input", "set tokenized or text")
+        keep_last = truncate_prompt_tokens(request.sampling_params, self.model_info.max_model_len)
+        return self.checks.prompt(token_ids, keep_last, kind)
+
+    async def Abort(self, request: vllm.AbortRequest, context) -> vllm.AbortResponse:
+        for request_id in request.request_ids:
+            self.schedulers.finish(request_id, FinishReason.ABORT)
+        return vllm.AbortResponse()
+
+    async def HealthCheck(self, request, context) -> vllm.HealthCheckResponse:
+        """Answered while the router is not ready too (no scheduler connected, draining): healthy is False then."""
+        ready = self.is_ready()
+        return vllm.HealthCheckResponse(healthy=ready, message="ready" if ready else "not ready")
+
+    async def GetModelInfo(self, request, context) -> vllm.GetModelInfoResponse:
+        path = str(self.tokenizer_path) if self.tokenizer_path is not None else ""
+        return model_info_to_vllm_pb(self.model_info, self.tokenizer, path)
+
+    async def GetServerInfo(self, request, context) -> vllm.GetServerInfoResponse:
+        return vllm.GetServerInfoResponse(active_requests=self.schedulers.num_in_flight,
+                                          uptime_seconds=time.monotonic() - self._started, server_type="sluice",
+                                          data_parallel_size=1)
+
+    async def GetLoads(self, request, context) -> vllm.GetLoadsResponse:
+        loads = await self.schedulers.loads(_LOAD_TIMEOUT_SECONDS)
+        return loads_to_vllm_pb(loads, self.model_info.block_size)
+
+    async def GetTokenizer(self, request, context):
+        bundle = await asyncio.to_thread(tokenizer_bundle, self.tokenizer_path)
+        offsets = range(0, len(bundle.data), _TOKENIZER_CHUNK_BYTES)
+        for offset in offsets:
+            last = offset == offsets[-1]
+            yield common_pb2.GetTokenizerChunk(data=bundle.data[offset:offset + _TOKENIZER_CHUNK_BYTES],
+                                               sha256=bundle.sha256 if last else "")

@@ -1,0 +1,56 @@
+"""`sluice serve --openai-port`: smg (the optional `gateway` extra) in front of the router, speaking the OpenAI and
+Anthropic APIs over HTTP and vLLM's engine protocol to the router."""
+import importlib.util
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+_POLL_SECONDS = 0.2
+MISSING = "--openai-port needs smg, the gateway: pip install 'sluice[gateway]'"
+
+
+@dataclass(slots=True)
+class GatewayLayout:
+    host: str
+    port: int  # the OpenAI API's
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def gateway_command(layout: GatewayLayout, router_addresses: list[str], model_path: Path,
+                    extra_args: list[str] = ()) -> list[str]:
+    """smg's command line; SystemExit naming the extra to install where smg is missing."""
+    if importlib.util.find_spec("smg") is None:
+        raise SystemExit(MISSING)
+    return [sys.executable, "-m", "smg", "launch", "--backend", "vllm",
+            "--worker-urls", *(f"grpc://{address}" for address in router_addresses),
+            "--model-path", str(model_path), "--host", layout.host, "--port", str(layout.port),
+            "--prometheus-host", layout.host, "--prometheus-port", str(layout.metrics_port), *extra_args]
+
+
+def start_gateway(layout: GatewayLayout, router_addresses: list[str], model_path: Path, extra_args: list[str] = (),
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(gateway_command(layout, router_addresses, model_path, extra_args), env=env)
+
+
+def wait_until_gateway_serves(layout: GatewayLayout, timeout: float, process: subprocess.Popen) -> None:
+    """Until the gateway lists the model, that is, has taken the router on as a worker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the gateway exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{layout.url}/v1/models", timeout=1) as response:
+                if b'"id"' in response.read():
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(_POLL_SECONDS)
+    raise TimeoutError(f"the gateway at {layout.url} not serving after {timeout:.0f} s")

@@ -1,0 +1,36 @@
+"""`sluice serve --openai-port` puts smg in front of the router: the OpenAI API answers there, and Ctrl-C stops the
+gateway and all three services."""
+import signal
+import subprocess
+import sys
+
+import openai
+import psutil
+import pytest
+
+from sluice.cli.gateway import GatewayLayout, wait_until_gateway_serves
+from sluice.cli.launcher import free_port, stop_services
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_with_an_openai_port_answers_there_and_ctrl_c_stops_everything(default_model_dir):
+    gateway = GatewayLayout("127.0.0.1", free_port(), free_port())
+    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
+                              "--port", str(free_port()), "--openai-port", str(gateway.port),
+                              "--openai-metrics-port", str(gateway.metrics_port), "--drain-timeout", "2"])
+    try:
+        wait_until_gateway_serves(gateway, 300, serve)
+        children = psutil.Process(serve.pid).children()
+        assert len(children) == 4
+        with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
+            stream = client.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=12, temperature=0, stream=True)
+            assert "Paris" in "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == []
+    finally:
+        stop_services([serve])
