@@ -9,7 +9,7 @@ from scheduler_svc.request import Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
-from scheduler_svc.worker_client import WorkerClient
+from scheduler_svc.worker_group import WorkerGroup
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.step_plan import StepPlan
@@ -21,7 +21,7 @@ _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines
 class EngineLoop:
     """The engine step, over and over: plan, execute on the worker, postprocess and fan out to the routers."""
 
-    def __init__(self, scheduler: Scheduler, worker: WorkerClient, sessions: RouterSessions,
+    def __init__(self, scheduler: Scheduler, worker: WorkerGroup, sessions: RouterSessions,
                  telemetry: SchedulerTelemetry):
         self.scheduler = scheduler
         self.worker = worker

@@ -11,6 +11,7 @@ from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.worker_client import WorkerClient
+from scheduler_svc.worker_group import WorkerGroup
 from scheduler_svc.worker_supervisor import WorkerSupervisor
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
@@ -20,14 +21,15 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 log = logging.getLogger("sluice.scheduler")
 
 
-async def serve(worker_address: str, address: str, operations: Operations, num_blocks: int = 0,
+async def serve(worker_addresses: list[str], address: str, operations: Operations, num_blocks: int = 0,
                 worker_timeout: float = 600.0, **scheduler_options) -> None:
-    """num_blocks 0 asks the worker to size the KV cache from its memory budget; scheduler_options are the
-    remaining SchedulerConfig fields. Not ready until the worker is connected, nor while it is lost (then its
+    """worker_addresses: the replica's tensor-parallel ranks, in rank order (one for an unsharded replica).
+    num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
+    remaining SchedulerConfig fields. Not ready until every worker is connected, nor while one is lost (then its
     methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
     async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:
         port = await service.start(address)
-        worker = WorkerClient(worker_address)
+        worker = WorkerGroup([WorkerClient(worker_address) for worker_address in worker_addresses])
         supervisor = None
         try:
             started = await service.unless_shutdown(
@@ -62,7 +64,7 @@ async def serve(worker_address: str, address: str, operations: Operations, num_b
             await worker.close()
 
 
-async def _start_worker(worker: WorkerClient, timeout: float, num_blocks: int,
+async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
                         scheduler_options: dict) -> tuple[worker_pb2.WorkerInfo, SchedulerConfig]:
     info = await worker.get_info(timeout)
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)

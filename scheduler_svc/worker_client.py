@@ -3,14 +3,15 @@ import asyncio
 import grpc
 
 from sluice.core.errors import Unavailable
-from sluice.core.step_plan import StepOutcome, StepPlan
-from sluice.core.step_plan_pb import outcome_from_pb, plan_to_pb
+from sluice.core.step_plan import StepOutcome
+from sluice.core.step_plan_pb import outcome_from_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 
 WORKER_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+_EXECUTE = f"/{WORKER_SERVICE_NAME}/Execute"
 
 
 class WorkerClient:
@@ -21,9 +22,11 @@ class WorkerClient:
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        # steps go out as bytes serialised once for every rank (WorkerGroup.send)
+        self._execute = self.channel.stream_stream(_EXECUTE, response_deserializer=pb.StepResult.FromString)
         self.info: pb.WorkerInfo | None = None  # what the worker serves, as it first said
         self._cache: pb.InitCacheRequest | None = None  # the KV cache it set up, to set up again after a loss
-        self._steps: asyncio.Queue[pb.StepRequest] = asyncio.Queue()
+        self._steps: asyncio.Queue[bytes] = asyncio.Queue()
         self._results = None
 
     @property
@@ -44,7 +47,7 @@ class WorkerClient:
         self._cache.CopyFrom(cache)
         self._cache.num_blocks = num_blocks
         self._steps = asyncio.Queue()  # steps queued for a lost stream are dropped with it
-        self._results = self.stub.Execute(self._outgoing(self._steps))
+        self._results = self._execute(self._outgoing(self._steps))
         return num_blocks
 
     async def restart(self) -> None:
@@ -64,15 +67,20 @@ class WorkerClient:
         while True:
             yield await steps.get()
 
-    def send(self, plan: StepPlan) -> None:
-        self._steps.put_nowait(plan_to_pb(plan))
+    def send(self, step: bytes) -> None:
+        """step: a serialised StepRequest."""
+        self._steps.put_nowait(step)
 
     async def receive(self) -> StepOutcome:
         """The result of the oldest step sent and not yet received."""
+        return outcome_from_pb(await self.receive_marker())
+
+    async def receive_marker(self) -> pb.StepResult:
+        """The oldest step's result as it came: from a rank that does not sample, only a completion marker."""
         result = await self._call(self._results.read())
         if result is grpc.aio.EOF:
             raise Unavailable(f"worker {self.address} closed its stream")
-        return outcome_from_pb(result)
+        return result
 
     async def check_streaming(self) -> None:
         """Raises Unavailable if the Execute stream has ended, as it does when the worker goes away."""

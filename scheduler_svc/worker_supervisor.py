@@ -3,7 +3,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from scheduler_svc.engine_loop import EngineLoop
-from scheduler_svc.worker_client import WorkerClient
+from scheduler_svc.worker_group import WorkerGroup
 from sluice.core.errors import Unavailable
 
 log = logging.getLogger("sluice.scheduler")
@@ -11,14 +11,14 @@ _RETRY_SECONDS = 1.0  # after a worker that served failed to set up again
 
 
 class WorkerSupervisor:
-    """Runs the engine loop on a started worker, and outlives the worker.
+    """Runs the engine loop on a started worker group, and outlives its workers.
 
-    When the worker is lost, every request ends with UNAVAILABLE (none runs twice: the client decides whether to
-    retry) and `on_connected` hears False; the supervisor waits for the worker to serve again, checks that it
-    serves what it did, sets up its KV cache as before, resumes, and `on_connected` hears True.
+    When any rank of the group is lost, every request ends with UNAVAILABLE (none runs twice: the client decides
+    whether to retry) and `on_connected` hears False; the supervisor waits for every rank to serve again, checks
+    that each serves what it did, sets up their KV caches as before, resumes, and `on_connected` hears True.
     """
 
-    def __init__(self, loop: EngineLoop, worker: WorkerClient, on_connected: Callable[[bool], Awaitable[None]]):
+    def __init__(self, loop: EngineLoop, worker: WorkerGroup, on_connected: Callable[[bool], Awaitable[None]]):
         self.loop = loop
         self.worker = worker
         self.on_connected = on_connected

@@ -16,8 +16,16 @@ class WorkerConfig:
     enforce_eager: bool = False  # no CUDA graphs
     kernels: str = "auto"  # "auto" (Triton on a GPU, torch on the CPU), "triton" or "torch"
     seed: int = 0
+    tensor_parallel_size: int = 1
+    rank: int = 0  # this worker's tensor-parallel rank
+    dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
+    dist_timeout: float = 60.0  # seconds a collective may wait for the other ranks before the worker fails
 
     def __post_init__(self):
+        if not 0 <= self.rank < self.tensor_parallel_size:
+            raise ValueError(f"rank must be in [0, {self.tensor_parallel_size}), got {self.rank}")
+        if self.tensor_parallel_size > 1 and not self.dist_init_address:
+            raise ValueError("a tensor-parallel worker needs dist_init_address (HOST:PORT of rank 0)")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.load_format not in ("auto", "dummy"):

@@ -10,42 +10,57 @@ from worker_svc.models.dummy_weights import dummy_checkpoint
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
 from worker_svc.models.rope import build_cos_sin_cache
+from worker_svc.models.shard_layout import ShardLayout
+from worker_svc.models.tensor_parallel import TensorParallelDecoderLM
 from worker_svc.models.torch_ops import TorchOps
 from worker_svc.models.weights import load_checkpoint, to_worker_layout
+from worker_svc.parallel.group import TensorParallelGroup
 from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
 from worker_svc.runner.memory_profile import profile_kv_cache_bytes
 from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
+from worker_svc.runner.rank_samplers import DriverSampler, FollowerSampler
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.step import StepSampler
 from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 
 class WorkerEngine:
-    """The worker's core object: loads the model, sizes and owns the KV cache, executes steps."""
+    """The worker's core object: loads the model, sizes and owns the KV cache, executes steps. In a tensor-parallel
+    group, it holds the rank's part of the model and of the KV cache (its heads), and only the driver samples."""
 
-    def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor]):
-        """state: weights in the worker's layout (see weights.to_worker_layout)."""
+    def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor],
+                 group: TensorParallelGroup | None = None):
+        """model_config: the whole model's; state: the rank's weights in the worker's layout (see
+        weights.to_worker_layout)."""
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
         self.model_config = model_config
+        self.group = group
+        self.layout = ShardLayout(model_config) if group is None else \
+            ShardLayout(model_config, group.rank, group.world_size)
+        self.local_config = self.layout.local_config()  # the rank's heads, intermediate and vocabulary columns
         self.ops = _operators(config)
         self.model = self._build_model(state)
         self.runner: ModelRunner | None = None
 
     @classmethod
-    def load(cls, config: WorkerConfig) -> "WorkerEngine":
+    def load(cls, config: WorkerConfig, group: TensorParallelGroup | None = None) -> "WorkerEngine":
+        """Materialises only the rank's shards of the weights."""
+        rank, world_size = (0, 1) if group is None else (group.rank, group.world_size)
         if config.load_format == "dummy":
             hf_config, hf_state = dummy_checkpoint(config.model, config.torch_dtype, torch.device(config.device),
-                                                   config.seed)
+                                                   config.seed, rank, world_size)
             model_config = ModelConfig.from_hf(hf_config)
-            return cls(config, model_config, to_worker_layout(hf_state, model_config))
-        return cls(config, *load_checkpoint(Path(config.model)))
+            return cls(config, model_config, to_worker_layout(hf_state, model_config), group)
+        return cls(config, *load_checkpoint(Path(config.model), rank, world_size), group)
 
     def _build_model(self, state: dict[str, torch.Tensor]) -> DecoderLM:
+        traits = traits_for(self.model_config.architecture)
         with torch.device("meta"):
-            model = DecoderLM(self.model_config, traits_for(self.model_config.architecture), self.ops)
+            model = DecoderLM(self.model_config, traits, self.ops) if self.group is None else \
+                TensorParallelDecoderLM(self.layout, traits, self.ops, self.group)
         model.load_state_dict(state, strict=True, assign=True)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
@@ -59,8 +74,10 @@ class WorkerEngine:
                                             self.model_config.rope_scaling, torch.float32).to(self.device)
         if num_blocks <= 0:
             num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs) \
-                // bytes_per_block(self.model_config, block_size, self.config.torch_dtype)
-        kv_caches = allocate_kv_cache(self.model_config, num_blocks, block_size, self.config.torch_dtype, self.device)
+                // bytes_per_block(self.local_config, block_size, self.config.torch_dtype)
+            if self.group is not None:
+                num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
+        kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.config.torch_dtype, self.device)
         graphs = None
         if self.device.type == "cuda" and not self.config.enforce_eager:
             graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
@@ -69,19 +86,22 @@ class WorkerEngine:
                                   self._sampler())
         return num_blocks
 
-    def _sampler(self) -> StepSampler:
+    def _sampler(self) -> StepSampler | FollowerSampler:
+        if self.group is not None and not self.group.is_driver:
+            return FollowerSampler(self.group)
         config = self.model_config
         load_tokenizer = None
         if self.config.load_format != "dummy":
             load_tokenizer = partial(load_llguidance_tokenizer, Path(self.config.model), config.vocab_size,
                                      config.eos_token_ids)
-        return StepSampler(SamplingRows(config.vocab_size, config.eos_token_ids, self.device),
-                           GrammarMatchers(load_tokenizer, config.vocab_size, self.device), self.config.seed)
+        parts = (SamplingRows(config.vocab_size, config.eos_token_ids, self.device),
+                 GrammarMatchers(load_tokenizer, config.vocab_size, self.device), self.config.seed)
+        return StepSampler(*parts) if self.group is None else DriverSampler(self.group, *parts)
 
     def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
         if self.device.type != "cuda":
             return self.config.kv_cache_bytes
-        return profile_kv_cache_bytes(self.model, self.model_config, cos_sin_cache, block_size, self.config.torch_dtype,
+        return profile_kv_cache_bytes(self.model, self.local_config, cos_sin_cache, block_size, self.config.torch_dtype,
                                       max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization)
 
     @property

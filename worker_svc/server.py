@@ -1,12 +1,16 @@
 import asyncio
 import logging
+from datetime import timedelta
 from pathlib import Path
+
+import torch
 
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
 from sluice.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
+from worker_svc.parallel.group import TensorParallelGroup, join_group
 from worker_svc.servicer import WorkerServicer
 from worker_svc.step_telemetry import WorkerMetrics, WorkerStepTelemetry
 
@@ -15,15 +19,27 @@ log = logging.getLogger("sluice.worker")
 
 
 async def serve(config: WorkerConfig, address: str, operations: Operations) -> None:
-    """Listens at once and reports NOT_SERVING while the model loads; on shutdown, drains the requests it holds."""
+    """Listens at once and reports NOT_SERVING while the ranks meet and the model loads; on shutdown, drains the
+    requests it holds. A tensor-parallel rank whose step fails (a lost or stuck peer) raises: its group is broken,
+    and the ranks serve again only once all of them start over."""
     async with Service([SERVICE_NAME], "sluice-worker", operations) as service:
         port = await service.start(address)
-        engine = await asyncio.to_thread(WorkerEngine.load, config)
+        group = None
+        if config.tensor_parallel_size > 1:
+            group = await asyncio.to_thread(_join, config)
+        engine = await asyncio.to_thread(WorkerEngine.load, config, group)
         model_name = Path(config.model).name
         telemetry = WorkerStepTelemetry(service.tracer, WorkerMetrics(service.metrics_registry, model_name))
-        service.add(worker_pb2_grpc.add_WorkerServicer_to_server, WorkerServicer(engine, model_name, telemetry))
+        servicer = WorkerServicer(engine, model_name, telemetry)
+        service.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer)
         await service.set_ready(True)
-        log.info("worker serving %s on port %d", config.model, port)
-        await service.wait_for_shutdown()
+        log.info("worker rank %d of %d serving %s on port %d", config.rank, config.tensor_parallel_size,
+                 config.model, port)
+        await service.wait_for_shutdown(*([servicer.group_broken] if group is not None else []))
         drained = await service.drain(lambda: engine.num_live_requests == 0)
         log.info("worker drained" if drained else "worker drain timed out; stopping")
+
+
+def _join(config: WorkerConfig) -> TensorParallelGroup:
+    return join_group(config.rank, config.tensor_parallel_size, config.dist_init_address, torch.device(config.device),
+                      timedelta(seconds=config.dist_timeout))

@@ -17,17 +17,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # A CUDA launch only queues work, so steps launch and finish right on the event loop: no thread hand-offs
         # (each waits on the GIL) in a step's path. On the CPU a launch computes the step, so it runs on the thread.
         self._steps_inline = engine.device.type == "cuda"
+        # fails when a step of a tensor-parallel rank fails: the ranks' collectives are out of step for good
+        self.group_broken: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def GetInfo(self, request: pb.GetInfoRequest, context) -> pb.WorkerInfo:
         config = self.engine.model_config
         return pb.WorkerInfo(model=self.model_name, architecture=config.architecture,
                              max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
-                             dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids, rank=0, world_size=1)
+                             dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
+                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
-        num_blocks = await self._on_engine_thread(self.engine.init_cache, request.block_size, request.num_blocks,
-                                                  request.max_num_batched_tokens, request.max_num_seqs,
-                                                  request.max_model_len)
+        try:
+            num_blocks = await self._on_engine_thread(self.engine.init_cache, request.block_size, request.num_blocks,
+                                                      request.max_num_batched_tokens, request.max_num_seqs,
+                                                      request.max_model_len)
+        except Exception as error:
+            self._break_group(error)
+            raise
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
 
     async def Execute(self, request_iterator, context):
@@ -44,8 +51,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started)
                 yield outcome_to_pb(outcome)
             await launcher  # raises what failed a launch
+        except Exception as error:
+            self._break_group(error)
+            raise
         finally:
             launcher.cancel()
+
+    def _break_group(self, error: Exception) -> None:
+        """A tensor-parallel rank that failed a call may have left its peers inside a collective: the group is
+        broken for good."""
+        if self.engine.group is not None and not self.group_broken.done():
+            self.group_broken.set_exception(RuntimeError(f"tensor-parallel rank {self.engine.config.rank}: {error}"))
 
     async def _launch_each(self, request_iterator, launched: asyncio.Queue) -> None:
         try:

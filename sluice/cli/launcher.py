@@ -21,7 +21,13 @@ class ServeLayout:
     host: str
     router_port: int
     scheduler_port: int
-    worker_port: int
+    worker_ports: list[int]  # one per tensor-parallel rank, in rank order
+
+    @classmethod
+    def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
+                      tensor_parallel_size: int = 1) -> "ServeLayout":
+        return cls(host, router_port or free_port(host), free_port(host),
+                   [free_port(host) for _ in range(tensor_parallel_size)])
 
     @property
     def router_address(self) -> str:
@@ -32,8 +38,9 @@ class ServeLayout:
         return f"{self.host}:{self.scheduler_port}"
 
     @property
-    def worker_address(self) -> str:
-        return f"{self.host}:{self.worker_port}"
+    def worker_addresses(self) -> str:
+        """Comma-separated, in rank order: the worker's --listen and the scheduler's --worker."""
+        return ",".join(f"{self.host}:{port}" for port in self.worker_ports)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -65,9 +72,9 @@ def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: 
     """env: the services' environment (default: this process's)."""
     command = [sys.executable, "-m", "sluice.cli"]
     return [
-        subprocess.Popen([*command, "worker", "--listen", layout.worker_address, *worker_args], env=env),
+        subprocess.Popen([*command, "worker", "--listen", layout.worker_addresses, *worker_args], env=env),
         subprocess.Popen([*command, "scheduler", "--listen", layout.scheduler_address,
-                          "--worker", layout.worker_address, *scheduler_args], env=env),
+                          "--worker", layout.worker_addresses, *scheduler_args], env=env),
         subprocess.Popen([*command, "router", "--listen", layout.router_address,
                           "--scheduler", layout.scheduler_address, *router_args], env=env),
     ]

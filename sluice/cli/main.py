@@ -64,7 +64,7 @@ def _add_serve(commands) -> None:
 
 def _serve(args) -> None:
     from sluice.cli.gateway import GatewayLayout, gateway_command, wait_until_gateway_serves
-    from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, free_port, keep_running, start_services,
+    from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, keep_running, start_services,
                                      stop_services, wait_until_serving)
 
     args.model = args.model or default_model()
@@ -72,7 +72,7 @@ def _serve(args) -> None:
     if gateway is not None and (args.auth_token or args.tls_cert):
         raise SystemExit("--openai-port: smg presents no token or TLS client setup to its workers; drop "
                          "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
-    layout = ServeLayout(args.host, args.port, free_port(args.host), free_port(args.host))
+    layout = ServeLayout.on_free_ports(args.host, args.port, args.tensor_parallel_size)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
     router_flags += [*access_flags(args), *router_limit_flags(args)]
     worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
@@ -96,28 +96,41 @@ def _serve(args) -> None:
 
 
 def _add_worker(commands) -> None:
-    command = commands.add_parser("worker", help="run one worker (data plane)")
-    command.add_argument("--listen", default="127.0.0.1:50053")
+    command = commands.add_parser("worker", help="run one worker (data plane), or with -tp N the N ranks of one "
+                                                 "model replica")
+    command.add_argument("--listen", default="127.0.0.1:50053",
+                         help="HOST:PORT; for -tp N without --rank, one address per rank (comma-separated, rank "
+                              "order) or one HOST:PORT for ports PORT..PORT+N-1")
+    command.add_argument("--rank", type=int,
+                         help="run only this tensor-parallel rank (the ranks meet at --dist-init-address)")
+    command.add_argument("--dist-init-address", help="HOST:PORT where rank 0 listens for the other ranks")
     add_worker_options(command)
     add_operations_options(command)
     command.set_defaults(run=_worker)
 
 
 def _worker(args) -> None:
+    from sluice.cli.rank_group import rank_device, run_rank_group
     from worker_svc.config import WorkerConfig
     from worker_svc.server import serve
 
+    if args.tensor_parallel_size > 1 and args.rank is None:
+        sys.exit(run_rank_group(args, operations_flags))
+    rank = args.rank or 0
     config = WorkerConfig(model=str(args.model or default_model()), load_format=args.load_format, dtype=args.dtype,
-                          device=args.device, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+                          device=rank_device(args.device, rank), kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                          kernels=args.kernels)
+                          kernels=args.kernels, tensor_parallel_size=args.tensor_parallel_size, rank=rank,
+                          dist_init_address=args.dist_init_address or "", dist_timeout=args.dist_timeout)
     _run_service(args, lambda operations: serve(config, args.listen, operations))
 
 
 def _add_scheduler(commands) -> None:
     command = commands.add_parser("scheduler", help="run the scheduler (control plane)")
     command.add_argument("--listen", default="127.0.0.1:50052")
-    command.add_argument("--worker", default="127.0.0.1:50053", help="the worker's address")
+    command.add_argument("--worker", default="127.0.0.1:50053",
+                         help="the worker's address; for a tensor-parallel replica, every rank's, comma-separated "
+                              "in rank order")
     add_scheduler_options(command)
     add_operations_options(command)
     command.set_defaults(run=_scheduler)
@@ -127,7 +140,7 @@ def _scheduler(args) -> None:
     from scheduler_svc.server import serve
 
     _run_service(args, lambda operations: serve(
-        args.worker, args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
+        args.worker.split(","), args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
         max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens))

@@ -15,6 +15,11 @@ def add_worker_options(parser) -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--kernels", default="auto", choices=["auto", "triton", "torch"],
                         help="auto: Triton kernels on a GPU, plain torch on the CPU")
+    parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                        help="worker processes (ranks) that serve one model replica together; with --device cuda, "
+                             "rank r runs on cuda:r (cuda:K: on cuda:K+r)")
+    parser.add_argument("--dist-timeout", type=float, default=60.0,
+                        help="seconds a rank waits in a collective for the others before it fails")
 
 
 def add_scheduler_options(parser) -> None:
@@ -40,7 +45,8 @@ def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
             "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
-            "--kernels", args.kernels]
+            "--kernels", args.kernels, "--tensor-parallel-size", str(args.tensor_parallel_size),
+            "--dist-timeout", str(args.dist_timeout)]
 
 
 def scheduler_flags(args) -> list[str]:

@@ -54,9 +54,9 @@ def traced_env(collector: TraceCollector) -> dict[str, str]:
 
 @contextmanager
 def running_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
-                     router_args: list[str] | None = None):
-    """router_args default to the model's tokenizer."""
-    layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
+                     router_args: list[str] | None = None, tensor_parallel_size: int = 1):
+    """router_args default to the model's tokenizer. At tensor_parallel_size N, the worker process starts N ranks."""
+    layout = ServeLayout.on_free_ports(tensor_parallel_size=tensor_parallel_size)
     metrics_ports = {name: free_port() for name in ("router", "scheduler", "worker")}
     collector = TraceCollector()
     env = traced_env(collector)
@@ -64,7 +64,8 @@ def running_services(model: Path | str, scheduler_args: list[str] = (), worker_a
     def flags(service: str, *args) -> list[str]:
         return [*args, "--metrics-port", str(metrics_ports[service])]
 
-    processes = start_services(layout, flags("worker", "--model", str(model), *worker_args),
+    tensor_parallel = ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size > 1 else []
+    processes = start_services(layout, flags("worker", "--model", str(model), *tensor_parallel, *worker_args),
                                flags("scheduler", *scheduler_args),
                                flags("router", *(router_args if router_args is not None else ["--model", str(model)])),
                                env)

@@ -109,8 +109,16 @@ def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
         assert shm["emptyDir"]["medium"] == "Memory"
         assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
         gpus = worker["resources"].get("limits", {}).get("nvidia.com/gpu")
-        assert (gpus == 1) == (name == "gpu")
+        assert (gpus is not None) == (name == "gpu")
         assert (_option(worker["args"], "device") == "cuda") == (name == "gpu")
+        if gpus is not None:  # one GPU per tensor-parallel rank, and the scheduler dials every rank
+            tensor_parallel_size = _option(worker["args"], "tensor_parallel_size")
+            assert gpus == tensor_parallel_size > 1
+            scheduler = next(c for _, c in _containers(render(directory)) if c["name"] == "scheduler")
+            ranks = _option(scheduler["args"], "worker").split(",")
+            assert ranks == [f"sluice-worker-0.sluice-worker:{50053 + rank}" for rank in range(gpus)]
+            for rank in range(1, gpus):
+                assert {"name": f"grpc-rank{rank}", "containerPort": 50053 + rank} in worker["ports"]
 
 
 

@@ -37,7 +37,7 @@ def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
 
     loaded = threading.Event()
 
-    def slow_load(config):
+    def slow_load(config, group=None):
         assert loaded.wait(30)
         return SimpleNamespace(num_live_requests=0, device=torch.device("cpu"))  # no step reaches it; the drain asks
 
@@ -64,7 +64,7 @@ def test_scheduler_is_not_ready_until_its_worker_is():
     absent_worker = f"127.0.0.1:{free_port()}"
 
     async def scenario():
-        serving = asyncio.create_task(server.serve(absent_worker, address, Operations(), worker_timeout=30))
+        serving = asyncio.create_task(server.serve([absent_worker], address, Operations(), worker_timeout=30))
         await _wait_for_status(address, "", SERVING)
         await _wait_for_status(address, "sluice.v1.Scheduler", NOT_SERVING)
         serving.cancel()

@@ -66,12 +66,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
+    def __init__(self, config: ModelConfig, self_attn: Attention, mlp: MLP, ops):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, traits, ops)
+        self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config, ops)
+        self.mlp = mlp
 
     def forward(self, x, residual, positions, cos_sin_cache, kv_cache, meta):
         # x: the previous layer's output; residual: the stream it adds to (None before the first layer)
@@ -82,11 +82,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
+    """The whole model on one device. A tensor-parallel rank's part of it (tensor_parallel.py) builds its own
+    embedding, attention and MLP modules through the _embedding, _attention and _mlp methods."""
+
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, traits, ops) for _ in range(config.num_layers))
+        self.embed_tokens = self._embedding(config)
+        self.layers = nn.ModuleList(DecoderLayer(config, self._attention(config, traits, ops), self._mlp(config, ops),
+                                                 ops) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -101,3 +105,12 @@ class DecoderLM(nn.Module):
         if logits_indices is not None:
             x, residual = x[logits_indices], residual[logits_indices]
         return self.norm.project(x, residual, self.lm_head, out_dtype=torch.float32)[0]
+
+    def _embedding(self, config: ModelConfig) -> nn.Embedding:
+        return nn.Embedding(config.vocab_size, config.hidden_size)
+
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
+        return Attention(config, traits, ops)
+
+    def _mlp(self, config: ModelConfig, ops) -> MLP:
+        return MLP(config, ops)

@@ -3,25 +3,32 @@ import torch
 
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
+from worker_svc.models.shard_layout import ShardLayout
 from worker_svc.models.shapes import shape_config
 
 INIT_STD = 0.02
 
 
-def dummy_checkpoint(shape: str, dtype: torch.dtype, device: torch.device,
-                     seed: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(hf_config, hf_state_dict) of random weights of a named shape."""
+def dummy_checkpoint(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, rank: int = 0,
+                     world_size: int = 1) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(hf_config, hf_state_dict) of random weights of a named shape: tensor-parallel rank `rank`'s shards of them."""
     hf_config = shape_config(shape)
-    return hf_config, random_state_dict(hf_config, dtype, device, seed)
+    layout = ShardLayout(ModelConfig.from_hf(hf_config), rank, world_size)
+    return hf_config, random_state_dict(hf_config, dtype, device, seed, layout)
 
 
-def random_state_dict(hf_config: dict, dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """Hugging Face-named random weights: norms = 1, everything else ~ N(0, INIT_STD)."""
+def random_state_dict(hf_config: dict, dtype: torch.dtype, device: torch.device, seed: int,
+                      layout: ShardLayout | None = None) -> dict[str, torch.Tensor]:
+    """Hugging Face-named random weights: norms = 1, everything else ~ N(0, INIT_STD). With a layout, each tensor is
+    drawn whole (every world size gets the same weights) and only the rank's shard of it is kept."""
     generator = torch.Generator(device=device).manual_seed(seed)
+    config = ModelConfig.from_hf(hf_config)
+    layout = layout or ShardLayout(config)
     return {
-        name: torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight")
-        else torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=generator)
-        for name, size in _hf_parameter_shapes(ModelConfig.from_hf(hf_config)).items()
+        name: layout.shard(name, torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight")
+                           else torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD,
+                                                                                      generator=generator))
+        for name, size in _hf_parameter_shapes(config).items()
     }
 
 

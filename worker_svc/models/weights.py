@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from worker_svc.models.model_config import ModelConfig
+from worker_svc.models.shard_layout import ShardLayout, pad_shard
 
 _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -12,31 +13,44 @@ _FUSED = {
 }
 
 
-def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The whole model's config, and the weights of tensor-parallel rank `rank` of world_size (see shard_layout)."""
     if path.suffix == ".gguf":
-        return _load_gguf(path)
-    return _load_hf_folder(path)
+        return _load_gguf(path, rank, world_size)
+    return _load_hf_folder(path, rank, world_size)
 
 
-def _load_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
+def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Reads only the rank's slice of each sharded tensor from the files."""
+    from safetensors import safe_open
 
     config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    layout = ShardLayout(config, rank, world_size)
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(shard))
+        with safe_open(shard, framework="pt") as file:
+            for name in file.keys():
+                piece = layout.slice_of(name)
+                if piece is None:
+                    state[name] = file.get_tensor(name)
+                else:
+                    index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
+                    state[name] = pad_shard(file.get_slice(name)[index], piece)
     if not state:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     return config, to_worker_layout(state, config)
 
 
-def _load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """GGUF tensors are quantised as a whole: dequantised by transformers, then sliced."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     hf = model.config.to_dict() | {"architectures": [type(model).__name__]}
     config = ModelConfig.from_hf(hf)
-    return config, to_worker_layout(model.state_dict(), config)
+    layout = ShardLayout(config, rank, world_size)
+    state = {name: layout.shard(name, tensor) for name, tensor in model.state_dict().items()}
+    return config, to_worker_layout(state, config)
 
 
 def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:

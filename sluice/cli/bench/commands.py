@@ -82,9 +82,9 @@ def _warm_up(args) -> list[BenchRequest]:
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
     from sluice.cli.bench.grpc_load import run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
-    from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+    from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_serving
 
-    layout = ServeLayout("127.0.0.1", free_port(), free_port(), free_port())
+    layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
     processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
     try:
@@ -101,6 +101,8 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
 
 
 def _offline_engine(args, enable_prefix_caching: bool):
+    if args.tensor_parallel_size > 1:
+        raise SystemExit("--in-process runs one worker; a tensor-parallel replica is measured through the gRPC stack")
     from sluice.cli.offline import OfflineEngine
     from worker_svc.config import WorkerConfig
     from worker_svc.engine import WorkerEngine

@@ -1,0 +1,86 @@
+import asyncio
+
+from scheduler_svc.worker_client import WorkerClient
+from sluice.core.step_plan import StepOutcome, StepPlan
+from sluice.core.step_plan_pb import plan_to_pb
+
+
+class WorkerGroup:
+    """The scheduler's end of one model replica: its tensor-parallel ranks' workers, in rank order (one worker when
+    the replica is not sharded). Each step is serialised once and the same bytes go to every rank; the driver,
+    rank 0, answers with the outcome and the others with completion markers. Losing any rank loses the replica:
+    every failure surfaces as Unavailable, as soon as any rank's stream ends."""
+
+    def __init__(self, workers: list[WorkerClient]):
+        self.workers = workers
+        self.driver, self.followers = workers[0], workers[1:]
+
+    @property
+    def address(self) -> str:
+        return ",".join(worker.address for worker in self.workers)
+
+    @property
+    def streaming(self) -> bool:
+        return all(worker.streaming for worker in self.workers)
+
+    async def get_info(self, timeout: float):
+        """Waits until every rank serves; checks that they serve one model as the ranks of one group."""
+        infos = await _on_every_rank(worker.get_info(timeout) for worker in self.workers)
+        for rank, (worker, info) in enumerate(zip(self.workers, infos)):
+            if (info.rank, info.world_size) != (rank, len(self.workers)):
+                raise RuntimeError(f"the worker at {worker.address} is rank {info.rank} of {info.world_size}, not "
+                                   f"rank {rank} of {len(self.workers)}: list the workers in rank order")
+            if _without_rank(info) != _without_rank(infos[0]):
+                raise RuntimeError(f"the worker at {worker.address} serves {info}, rank 0 serves {infos[0]}")
+        return infos[0]
+
+    async def start(self, cache) -> int:
+        """Sets up every rank's KV cache at once (the ranks profile and agree together) and opens their streams.
+        Returns the number of KV blocks that every rank holds."""
+        return min(await _on_every_rank(worker.start(cache) for worker in self.workers))
+
+    async def restart(self) -> None:
+        await _on_every_rank(worker.restart() for worker in self.workers)
+
+    def send(self, plan: StepPlan) -> None:
+        step = plan_to_pb(plan).SerializeToString()
+        for worker in self.workers:
+            worker.send(step)
+
+    async def receive(self) -> StepOutcome:
+        if not self.followers:
+            return await self.driver.receive()
+        reads = [asyncio.ensure_future(self.driver.receive()),
+                 *(asyncio.ensure_future(worker.receive_marker()) for worker in self.followers)]
+        done, pending = await asyncio.wait(reads, return_when=asyncio.FIRST_EXCEPTION)
+        for read in pending:  # a rank failed: the others' reads would wait on a broken group
+            read.cancel()
+        for read in done:
+            if read.exception() is not None:
+                raise read.exception()
+        return reads[0].result()
+
+    async def check_streaming(self) -> None:
+        for worker in self.workers:
+            await worker.check_streaming()
+
+    async def close(self) -> None:
+        for worker in self.workers:
+            await worker.close()
+
+
+def _without_rank(info):
+    copy = type(info)()
+    copy.CopyFrom(info)
+    copy.ClearField("rank")
+    return copy
+
+
+async def _on_every_rank(calls) -> list:
+    """The calls' results, run at once; the first failure cancels the others."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,72 @@
+"""`sluice worker -tp N` without --rank: the N tensor-parallel ranks of one model replica, as N worker processes on
+this machine that live and die together. When one exits, the others are stopped (their process group is broken)
+and this process exits, so whatever restarts it (`sluice serve`, a Kubernetes container) starts the group again."""
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.service_flags import worker_flags
+
+log = logging.getLogger("sluice.worker")
+_POLL_SECONDS = 0.2
+_STOP_GRACE_SECONDS = 5.0  # beyond the ranks' drain timeout
+
+
+def rank_device(device: str, rank: int) -> str:
+    """`cuda` runs rank r on cuda:r; any other device as given."""
+    return f"cuda:{rank}" if device == "cuda" else device
+
+
+def _group_device(device: str, rank: int) -> str:
+    """In a group on this machine, `cuda:K` runs rank r on cuda:K+r."""
+    if device.startswith("cuda:"):
+        return f"cuda:{int(device.removeprefix('cuda:')) + rank}"
+    return rank_device(device, rank)
+
+
+def rank_addresses(listen: str, world_size: int) -> list[str]:
+    addresses = listen.split(",")
+    if len(addresses) == world_size:
+        return addresses
+    if len(addresses) != 1:
+        raise SystemExit(f"--listen names {len(addresses)} addresses for {world_size} ranks")
+    host, port = listen.rsplit(":", 1)
+    return [f"{host}:{int(port) + rank}" for rank in range(world_size)]
+
+
+def run_rank_group(args, operations_flags) -> int:
+    """Returns the exit code for this process: 0 after a signal stopped the ranks, else non-zero."""
+    from sluice.cli.model_store import default_model
+
+    args.model = args.model or default_model()
+    init_address = f"127.0.0.1:{free_port()}"
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "sluice.cli", "--log-level", str(args.log_level), "worker",
+                          "--listen", address, "--rank", str(rank), "--dist-init-address", init_address,
+                          *worker_flags(args), "--device", _group_device(args.device, rank),
+                          *operations_flags(args, metrics_port_offset=rank)])
+        for rank, address in enumerate(rank_addresses(args.listen, args.tensor_parallel_size))
+    ]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            for rank, process in enumerate(processes):
+                if process.poll() is not None:
+                    log.error("rank %d exited with code %d: stopping the other ranks", rank, process.returncode)
+                    _kill(processes)  # their group is broken: nothing they hold can finish
+                    return process.returncode or 1
+            time.sleep(_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return 0
+    finally:  # after a signal: the ranks drain
+        stop_services(processes, timeout=args.drain_timeout + _STOP_GRACE_SECONDS)
+
+
+def _kill(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

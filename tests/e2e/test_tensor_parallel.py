@@ -1,0 +1,136 @@
+"""Tensor-parallel replicas through the real services on the CPU (gloo): SmolLM2-135M (9 heads, 3 KV heads) at -tp 3
+and a small random Qwen3 checkpoint at -tp 2 give Hugging Face's greedy tokens (as -tp 1 does, see
+test_greedy_matches_hf), one request alone and 8 at once, with prefix-cache hits and preemptions forced by a small
+KV pool; losing one rank mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
+ranks are back."""
+import json
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import psutil
+import pytest
+import torch
+from grpc_health.v1 import health_pb2
+
+from sluice.v1 import generation_pb2 as pb
+from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.services import running_services, wait_for_health
+from tests.worker.test_model_families import _TINY, FAMILIES
+from worker_svc.models.dummy_weights import random_state_dict
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW_TOKENS = 12  # past a second block: running requests grow into a third one
+SCHEDULER_SERVICE = "sluice.v1.Scheduler"
+SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
+_PREFIX = "Here is a short list of facts about the planets of the solar system, one per line:\n"
+TEXTS = [f"{_PREFIX}{topic}" for topic in ("Mars", "Venus", "Jupiter", "Saturn", "Mercury", "Neptune", "Uranus",
+                                           "Earth")]
+
+
+def _request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sampling) -> pb.GenerateRequest:
+    return pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt_ids),
+                              sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling))
+
+
+def _assert_matches_alone_and_together(services, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    assert services.client.generate(_request(prompts[0])).token_ids == expected[0]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda prompt: services.client.generate(_request(prompt)), prompts))
+    assert [result.token_ids for result in results] == expected
+    load = services.load()
+    assert load.num_preemptions > 0 and load.prefix_cache_hit_rate > 0
+    assert load.num_free_blocks == load.num_total_blocks
+
+
+def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_model, hf_tokenizer):
+    prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
+    expected = [hf_greedy(hf_model, prompt, MAX_NEW_TOKENS) for prompt in prompts]
+    with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
+        _assert_matches_alone_and_together(services, prompts, expected)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    """A Qwen3-shaped Hugging Face folder of random weights (no tokenizer: token ids in and out)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    hf_config = {**_TINY, **FAMILIES["qwen3"], "intermediate_size": 96}
+    state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=2)
+    save_file({name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()},
+              folder / "model.safetensors")
+    AutoConfig.for_model(**hf_config).save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    return folder
+
+
+def _qwen3_matches_hf_at_tp2(folder, worker_args: list[str] = ()) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in prompts]
+    with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
+                          tensor_parallel_size=2) as services:
+        _assert_matches_alone_and_together(services, prompts, expected)
+
+
+def test_qwen3_shape_at_tp2_matches_hf(tiny_qwen3):
+    _qwen3_matches_hf_at_tp2(tiny_qwen3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_qwen3_shape_at_tp2_on_two_gpus_matches_hf(tiny_qwen3):
+    """NCCL, the Triton kernels, and decode CUDA graphs with the collectives captured inside."""
+    _qwen3_matches_hf_at_tp2(tiny_qwen3, ["--device", "cuda"])
+
+
+def _stream(services, started: threading.Semaphore, codes: list) -> None:
+    stream = services.client.stream(_request([5, 6, 7], max_tokens=450, ignore_eos=True))
+    try:
+        next(stream)
+        started.release()
+        for _ in stream:
+            pass
+        codes.append(grpc.StatusCode.OK)
+    except grpc.RpcError as error:
+        codes.append(error.code())
+
+
+def test_losing_a_rank_ends_the_streams_and_the_restarted_ranks_serve(tiny_qwen3):
+    with running_services(tiny_qwen3, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
+        short = _request([1, 2, 3])
+        expected = services.client.generate(short).token_ids
+        num_blocks = services.load().num_total_blocks
+        started, codes = threading.Semaphore(0), []
+        streams = [threading.Thread(target=_stream, args=(services, started, codes)) for _ in range(3)]
+        for stream in streams:
+            stream.start()
+        for _ in streams:
+            assert started.acquire(timeout=60)
+
+        group = services.processes[0]
+        rank_1 = next(p for p in psutil.Process(group.pid).children() if "--rank" in p.cmdline()
+                      and p.cmdline()[p.cmdline().index("--rank") + 1] == "1")
+        rank_1.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        for stream in streams:
+            stream.join(timeout=10)
+        assert codes == [grpc.StatusCode.UNAVAILABLE] * 3
+        assert time.monotonic() - killed < 10
+        scheduler = services.layout.scheduler_address
+        wait_for_health(scheduler, SCHEDULER_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING, timeout=5)
+        load = services.load()
+        assert (load.num_running, load.num_waiting, load.num_free_blocks) == (0, 0, num_blocks)
+        assert group.wait(timeout=10) != 0  # the group stops its other rank and exits, to be started again
+
+        services.processes[0] = subprocess.Popen(group.args, env=services.env)
+        wait_for_health(scheduler, SCHEDULER_SERVICE, health_pb2.HealthCheckResponse.SERVING, timeout=120)
+        assert services.client.generate(short).token_ids == expected

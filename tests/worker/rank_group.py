@@ -1,0 +1,24 @@
+"""Runs a function on every rank of a real gloo process group, one spawned process per rank."""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+
+from sluice.cli.launcher import free_port
+from worker_svc.parallel.group import join_group
+
+
+def run_on_ranks(function, world_size: int, *args) -> None:
+    """Calls function(group, *args) on each rank; a rank's exception fails the call. function: module-level."""
+    address = f"127.0.0.1:{free_port()}"
+    torch.multiprocessing.spawn(_rank_main, args=(world_size, address, function, args), nprocs=world_size)
+
+
+def _rank_main(rank: int, world_size: int, address: str, function, args) -> None:
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    group = join_group(rank, world_size, address, torch.device("cpu"), timedelta(seconds=60))
+    try:
+        function(group, *args)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,97 @@
+"""Every sharded projection against the whole model, on real gloo groups (one process per rank) at world sizes 2
+and 3, for every registered family, with uneven intermediate and vocabulary splits and KV heads both split and
+replicated; then greedy generation, token-identical to the unsharded engine."""
+import pytest
+import torch
+
+from tests.worker.rank_group import run_on_ranks
+from tests.worker.stepping import run_greedy
+from tests.worker.test_model_families import _TINY, FAMILIES
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.dummy_weights import random_state_dict
+from worker_svc.models.model_config import ModelConfig
+from worker_svc.models.rope import build_cos_sin_cache
+from worker_svc.models.shard_layout import ShardLayout
+from worker_svc.models.weights import to_worker_layout
+from worker_svc.runner.kv_cache import allocate_kv_cache
+
+_ODD = {"hidden_size": 48, "intermediate_size": 75, "vocab_size": 101, "head_dim": 8}
+HEADS = {2: [(6, 2), (6, 1)], 3: [(9, 3), (6, 1)]}  # (q heads, KV heads): KV heads split, then replicated
+PROMPTS = [[5, 17, 99, 3], [42] * 9, list(range(60, 83))]
+
+
+def _engines(group, hf_config: dict) -> tuple[WorkerEngine, WorkerEngine]:
+    """(the whole model, the rank's shard of it) from the same random weights."""
+    state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=1)
+    state = {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}  # lively outputs
+    config = ModelConfig.from_hf(hf_config)
+    layout = ShardLayout(config, group.rank, group.world_size)
+    worker_config = WorkerConfig(model="tiny")
+    whole = WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
+    shard = {name: layout.shard(name, tensor) for name, tensor in state.items()}
+    return whole, WorkerEngine(worker_config, config, to_worker_layout(shard, config), group)
+
+
+def _one_sequence(num_tokens: int, block_size: int = 16) -> AttentionMetadata:
+    num_blocks = -(-num_tokens // block_size)
+    return AttentionMetadata(
+        slot_mapping=torch.arange(num_tokens), query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+        token_seq_index=torch.zeros(num_tokens, dtype=torch.int64), token_query_pos=torch.arange(num_tokens),
+        max_query_len=num_tokens, max_seq_len=num_tokens)
+
+
+def _compare_layers(whole: WorkerEngine, sharded: WorkerEngine, is_driver: bool) -> None:
+    torch.manual_seed(0)
+    vocab, hidden = whole.model_config.vocab_size, whole.model_config.hidden_size
+    ids = torch.tensor([0, 1, vocab // 2, vocab - 1, 50, 51, 33])  # both sides of every rank's vocabulary range
+    n = len(ids)
+    torch.testing.assert_close(sharded.model.embed_tokens(ids), whole.model.embed_tokens(ids))
+
+    x = torch.randn(n, hidden)
+    meta, positions = _one_sequence(n), torch.arange(n)
+    cos_sin = build_cos_sin_cache(whole.model_config.head_dim, 64, whole.model_config.rope_theta,
+                                  whole.model_config.rope_scaling, torch.float32)
+    outputs = []
+    for engine in (whole, sharded):
+        layer = engine.model.layers[0]
+        kv_cache = allocate_kv_cache(engine.local_config, 1, 16, torch.float32, torch.device("cpu"))[0]
+        qkv, _ = layer.input_layernorm.project(x, None, layer.self_attn.qkv_proj)  # column-parallel q, k, v
+        attention = layer.self_attn(qkv, positions, cos_sin, kv_cache, meta)  # row-parallel o
+        gated, _ = layer.post_attention_layernorm.project(x, None, layer.mlp.gate_up_proj, gated=True)
+        logits = engine.model(ids, positions, cos_sin, [kv_cache] * len(engine.model.layers), meta, None)
+        outputs.append((attention, layer.mlp.down(gated), logits))
+    (attention, mlp, logits), (tp_attention, tp_mlp, tp_logits) = outputs
+    torch.testing.assert_close(tp_attention, attention, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tp_mlp, mlp, rtol=1e-4, atol=1e-4)
+    if is_driver:  # the vocabulary-parallel LM head, gathered
+        torch.testing.assert_close(tp_logits, logits, rtol=1e-4, atol=1e-3)
+
+
+def _check_rank(group) -> None:
+    for heads, kv_heads in HEADS[group.world_size]:
+        for family in sorted(FAMILIES):
+            hf_config = {**_TINY, **_ODD, **FAMILIES[family], "num_attention_heads": heads,
+                         "num_key_value_heads": kv_heads}
+            whole, sharded = _engines(group, hf_config)
+            _compare_layers(whole, sharded, group.is_driver)
+            expected = run_greedy(whole, PROMPTS, 8, chunk=5)
+            got = run_greedy(sharded, PROMPTS, 8, chunk=5)
+            assert got == (expected if group.is_driver else [[]] * len(PROMPTS)), (family, heads, kv_heads)
+            assert sharded.runner.kv_caches[0][0].shape[2] == max(kv_heads // group.world_size, 1)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sharded_model_matches_the_whole_one(world_size):
+    run_on_ranks(_check_rank, world_size)
+
+
+def test_sizes_that_do_not_divide_the_heads_are_refused():
+    config = ModelConfig.from_hf({**_TINY, **FAMILIES["llama"], "num_attention_heads": 6, "num_key_value_heads": 2})
+    with pytest.raises(ValueError, match="does not divide the 6 attention heads"):
+        ShardLayout(config, 0, 4)
+    with pytest.raises(ValueError, match="the 2 KV heads"):
+        ShardLayout(config, 0, 3)

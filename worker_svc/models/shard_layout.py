@@ -1,0 +1,114 @@
+"""Which slice of every weight one tensor-parallel rank holds (Megatron-style).
+
+Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head
+by vocabulary. Row-parallel (input columns split): o by q heads, down by the intermediate size. Norms are replicated
+(q/k norms are per head_dim, so every rank's heads share them). With fewer KV heads than ranks, each KV head is
+replicated on the ranks whose q heads read it.
+"""
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from worker_svc.models.model_config import ModelConfig
+
+_Q_ROWS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias")
+_KV_ROWS = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")
+_INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+_VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(slots=True, frozen=True)
+class ShardSlice:
+    dim: int
+    start: int
+    stop: int
+    padded_size: int  # the shard's size along dim, zero rows appended past the end of an uneven split
+
+
+@dataclass(slots=True, frozen=True)
+class ShardLayout:
+    config: ModelConfig  # the whole model's
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self):
+        heads, kv_heads, size = self.config.num_heads, self.config.num_kv_heads, self.world_size
+        if heads % size:
+            raise ValueError(f"tensor_parallel_size {size} does not divide the {heads} attention heads")
+        if kv_heads % size and size % kv_heads:
+            raise ValueError(f"tensor_parallel_size {size} neither divides nor is a multiple of the {kv_heads} KV "
+                             "heads")
+
+    @property
+    def q_heads(self) -> range:
+        per_rank = self.config.num_heads // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    @property
+    def kv_heads(self) -> range:
+        """The KV heads the rank's q heads read (one, shared with other ranks, when KV heads are fewer than ranks)."""
+        group = self.config.num_heads // self.config.num_kv_heads
+        return range(self.q_heads.start // group, (self.q_heads.stop - 1) // group + 1)
+
+    @property
+    def intermediate(self) -> range:
+        size = self.config.intermediate_size
+        return range(self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size)
+
+    @property
+    def vocab_per_rank(self) -> int:
+        return -(-self.config.vocab_size // self.world_size)
+
+    @property
+    def vocab(self) -> range:
+        start = self.rank * self.vocab_per_rank
+        return range(start, min(start + self.vocab_per_rank, self.config.vocab_size))
+
+    def local_config(self) -> ModelConfig:
+        """The shape of the rank's part of the model (the whole model at world size 1)."""
+        return dataclasses.replace(self.config, num_heads=len(self.q_heads), num_kv_heads=len(self.kv_heads),
+                                   intermediate_size=len(self.intermediate), vocab_size=self.vocab_per_rank)
+
+    def slice_of(self, name: str) -> ShardSlice | None:
+        """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
+        if self.world_size == 1:
+            return None
+        head_dim = self.config.head_dim
+        if name.endswith(_Q_ROWS):
+            return _rows(self.q_heads, head_dim)
+        if name.endswith(_KV_ROWS):
+            return _rows(self.kv_heads, head_dim)
+        if name.endswith("self_attn.o_proj.weight"):
+            return _columns(self.q_heads, head_dim)
+        if name.endswith(_INTERMEDIATE_ROWS):
+            return _rows(self.intermediate)
+        if name.endswith("mlp.down_proj.weight"):
+            return _columns(self.intermediate)
+        if name.endswith(_VOCAB_ROWS):
+            return ShardSlice(0, self.vocab.start, self.vocab.stop, self.vocab_per_rank)
+        return None
+
+    def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The rank's part of a whole weight, as its own tensor."""
+        piece = self.slice_of(name)
+        if piece is None:
+            return tensor
+        return pad_shard(tensor.narrow(piece.dim, piece.start, piece.stop - piece.start).clone(), piece)
+
+
+def pad_shard(tensor: torch.Tensor, piece: ShardSlice) -> torch.Tensor:
+    missing = piece.padded_size - tensor.shape[piece.dim]
+    if not missing:
+        return tensor
+    padding = list(tensor.shape)
+    padding[piece.dim] = missing
+    return torch.cat([tensor, tensor.new_zeros(padding)], dim=piece.dim)
+
+
+def _rows(part: range, unit: int = 1) -> ShardSlice:
+    return ShardSlice(0, part.start * unit, part.stop * unit, len(part) * unit)
+
+
+def _columns(part: range, unit: int = 1) -> ShardSlice:
+    return ShardSlice(1, part.start * unit, part.stop * unit, len(part) * unit)

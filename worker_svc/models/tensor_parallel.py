@@ -1,0 +1,74 @@
+"""A tensor-parallel rank's part of the decoder: the plain modules over the rank's shards (shard_layout.py), plus one
+all-reduce after attention, one after the MLP, one in the vocabulary-parallel embedding, and the logits gathered
+to the driver rank, which samples."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker_svc.models.decoder import MLP, Attention, DecoderLM
+from worker_svc.models.model_config import ModelConfig
+from worker_svc.models.registry import ArchitectureTraits
+from worker_svc.models.shard_layout import ShardLayout
+from worker_svc.parallel.group import TensorParallelGroup
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows [vocab_start, vocab_start + rows) of the embedding; ids outside them look up zeros, and the ranks'
+    lookups are summed."""
+
+    def __init__(self, rows: int, hidden_size: int, vocab_start: int, group: TensorParallelGroup):
+        super().__init__(rows, hidden_size)
+        self.vocab_start = vocab_start
+        self.group = group
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        x = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill_(outside[:, None], 0)
+        return self.group.all_reduce(x)
+
+
+class RowParallelAttention(Attention):
+    """The rank's q and KV heads; o_proj reads the rank's heads only, so its partial outputs are summed."""
+
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, group: TensorParallelGroup):
+        super().__init__(config, traits, ops)
+        self.group = group
+
+    def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta):
+        return self.group.all_reduce(super().forward(qkv, positions, cos_sin_cache, kv_cache, meta))
+
+
+class RowParallelMLP(MLP):
+    """The rank's columns of the intermediate size; down_proj's partial outputs are summed."""
+
+    def __init__(self, config: ModelConfig, ops, group: TensorParallelGroup):
+        super().__init__(config, ops)
+        self.group = group
+
+    def down(self, gated: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(super().down(gated))
+
+
+class TensorParallelDecoderLM(DecoderLM):
+    """config: the rank's local shape (ShardLayout.local_config). Logits come back whole on the driver, and as the
+    rank's own vocabulary columns elsewhere."""
+
+    def __init__(self, layout: ShardLayout, traits: ArchitectureTraits, ops, group: TensorParallelGroup):
+        self.layout = layout
+        self.group = group
+        super().__init__(layout.local_config(), traits, ops)
+
+    def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta, logits_indices):
+        logits = self.group.gather_to_driver(
+            super().forward(input_ids, positions, cos_sin_cache, kv_caches, meta, logits_indices))
+        return logits[:, :self.layout.config.vocab_size] if self.group.is_driver else logits
+
+    def _embedding(self, config: ModelConfig) -> nn.Embedding:
+        return VocabParallelEmbedding(config.vocab_size, config.hidden_size, self.layout.vocab.start, self.group)
+
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
+        return RowParallelAttention(config, traits, ops, self.group)
+
+    def _mlp(self, config: ModelConfig, ops) -> MLP:
+        return RowParallelMLP(config, ops, self.group)
