@@ -19,10 +19,11 @@ def test_reflection_alone_lists_and_describes_generate(services):
         assert {"text", "chat", "tokens", "sampling"} <= set(generate.input_type.fields_by_name)
 
 
-@pytest.mark.parametrize("service, readiness_name", [
-    ("router", "sluice.v1.Generation"), ("scheduler", "sluice.v1.Scheduler"), ("worker", "sluice.v1.Worker")])
-def test_liveness_and_readiness_of_every_service(services, service, readiness_name):
-    address = getattr(services.layout, f"{service}_address")
+@pytest.mark.parametrize("address_name, readiness_name", [
+    ("router_address", "sluice.v1.Generation"), ("scheduler_address", "sluice.v1.Scheduler"),
+    ("worker_addresses", "sluice.v1.Worker")])  # one worker rank
+def test_liveness_and_readiness_of_every_service(services, address_name, readiness_name):
+    address = getattr(services.layout, address_name)
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         assert health.Check(health_pb2.HealthCheckRequest(service="")).status == SERVING
