@@ -1,6 +1,7 @@
 """`sluice serve --openai-port`: smg (the optional `gateway` extra) in front of the router, speaking the OpenAI and
 Anthropic APIs over HTTP and vLLM's engine protocol to the router."""
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -41,16 +42,25 @@ def start_gateway(layout: GatewayLayout, router_addresses: list[str], model_path
 
 
 def wait_until_gateway_serves(layout: GatewayLayout, timeout: float, process: subprocess.Popen) -> None:
-    """Until the gateway lists the model, that is, has taken the router on as a worker."""
+    """Until the gateway completes a one-token request: it has taken the router on as a worker and registered the
+    model's tokenizer (it lists the model a moment before it can serve it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the gateway exited with code {process.returncode}")
         try:
-            with urllib.request.urlopen(f"{layout.url}/v1/models", timeout=1) as response:
-                if b'"id"' in response.read():
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            models = json.loads(_http(f"{layout.url}/v1/models"))["data"]
+            if models:
+                _http(f"{layout.url}/v1/completions", {"model": models[0]["id"], "prompt": "hi", "max_tokens": 1})
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):  # HTTPError (a 503 while it starts) included
             pass
         time.sleep(_POLL_SECONDS)
     raise TimeoutError(f"the gateway at {layout.url} not serving after {timeout:.0f} s")
+
+
+def _http(url: str, body: dict | None = None) -> bytes:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.read()
