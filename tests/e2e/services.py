@@ -3,6 +3,7 @@ the test process and a Prometheus endpoint on each."""
 import os
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,3 +113,16 @@ def wait_for_health(address: str, service: str, status: int, timeout: float = 30
             pass
         assert time.monotonic() < deadline, f"{service!r} at {address} never reported status {status}"
         time.sleep(0.1)
+
+
+def stream_to_its_end(client: SluiceClient, request, started: threading.Semaphore, codes: list) -> None:
+    """Reads the request's stream to its end: releases `started` at the first response, then appends how it ended."""
+    stream = client.stream(request)
+    try:
+        next(stream)
+        started.release()
+        for _ in stream:
+            pass
+        codes.append(grpc.StatusCode.OK)
+    except grpc.RpcError as error:
+        codes.append(error.code())

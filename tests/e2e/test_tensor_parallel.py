@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.services import running_services, wait_for_health
+from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.worker.test_model_families import _TINY, FAMILIES
 from worker_svc.models.dummy_weights import random_state_dict
 
@@ -93,15 +93,7 @@ def test_qwen3_shape_at_tp2_on_two_gpus_matches_hf(tiny_qwen3):
 
 
 def _stream(services, started: threading.Semaphore, codes: list) -> None:
-    stream = services.client.stream(_request([5, 6, 7], max_tokens=450, ignore_eos=True))
-    try:
-        next(stream)
-        started.release()
-        for _ in stream:
-            pass
-        codes.append(grpc.StatusCode.OK)
-    except grpc.RpcError as error:
-        codes.append(error.code())
+    stream_to_its_end(services.client, _request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes)
 
 
 def test_losing_a_rank_ends_the_streams_and_the_restarted_ranks_serve(tiny_qwen3):

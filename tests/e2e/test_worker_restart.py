@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from sluice.client import SluiceClient, text_request
-from tests.e2e.services import running_services, wait_for_health
+from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 
 pytestmark = pytest.mark.slow
 
@@ -21,15 +21,7 @@ NUM_STREAMS = 3
 def _stream(address: str, started: threading.Semaphore, codes: list) -> None:
     request = text_request("Tell me a very long story.", max_tokens=1000, temperature=0.0, ignore_eos=True)
     with SluiceClient(address) as client:
-        stream = client.stream(request)
-        try:
-            next(stream)
-            started.release()
-            for _ in stream:
-                pass
-            codes.append(grpc.StatusCode.OK)
-        except grpc.RpcError as error:
-            codes.append(error.code())
+        stream_to_its_end(client, request, started, codes)
 
 
 def test_scheduler_outlives_a_killed_worker_and_serves_it_again(default_model_dir):
