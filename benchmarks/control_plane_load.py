@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.process_cpu import ProcessCpu
 from sluice.cli.bench.workload import random_workload
-from sluice.cli.launcher import free_port, stop_services, wait_until_serving
+from sluice.cli.launcher import free_ports, stop_services, wait_until_serving
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -102,7 +102,7 @@ def main() -> None:
     if args.serve_worker:
         asyncio.run(serve_worker(args.serve_worker, args.speed))
         return
-    worker, scheduler, router = (f"127.0.0.1:{free_port()}" for _ in range(3))
+    worker, scheduler, router = (f"127.0.0.1:{port}" for port in free_ports(3))
     cli = [sys.executable, "-m", "sluice.cli", "--log-level", "WARNING"]
     processes = {
         "worker": subprocess.Popen([sys.executable, __file__, "--serve-worker", worker, "--speed", str(args.speed)],

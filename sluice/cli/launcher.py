@@ -1,5 +1,6 @@
 """`sluice serve`: starts worker, scheduler and router as three processes, waits until the router is ready, and
 starts again each one that exits."""
+import contextlib
 import logging
 import signal
 import socket
@@ -26,8 +27,8 @@ class ServeLayout:
     @classmethod
     def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
                       tensor_parallel_size: int = 1) -> "ServeLayout":
-        return cls(host, router_port or free_port(host), free_port(host),
-                   [free_port(host) for _ in range(tensor_parallel_size)])
+        free_router_port, scheduler_port, *worker_ports = free_ports(2 + tensor_parallel_size, host)
+        return cls(host, router_port or free_router_port, scheduler_port, worker_ports)
 
     @property
     def router_address(self) -> str:
@@ -43,10 +44,17 @@ class ServeLayout:
         return ",".join(f"{self.host}:{port}" for port in self.worker_ports)
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports: each socket stays bound until all are picked."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def wait_until_serving(address: str, service: str, timeout: float, processes: list[subprocess.Popen]) -> None:

@@ -13,7 +13,6 @@ CHANNEL_OPTIONS = [
 ]
 
 
-
 def server_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     """A larger message than max_receive_message_bytes is refused with RESOURCE_EXHAUSTED before it is parsed."""
     return [
@@ -24,4 +23,5 @@ def server_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES) -> list[t
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),  # a second server on a taken port fails to start instead of sharing its connections
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.cli.launcher import ServeLayout, free_port, start_services, stop_services, wait_until_serving
+from sluice.cli.launcher import ServeLayout, free_port, free_ports, start_services, stop_services, wait_until_serving
 from sluice.client import SluiceClient
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.trace_collector import TraceCollector
@@ -58,7 +58,7 @@ def running_services(model: Path | str, scheduler_args: list[str] = (), worker_a
                      router_args: list[str] | None = None, tensor_parallel_size: int = 1):
     """router_args default to the model's tokenizer. At tensor_parallel_size N, the worker process starts N ranks."""
     layout = ServeLayout.on_free_ports(tensor_parallel_size=tensor_parallel_size)
-    metrics_ports = {name: free_port() for name in ("router", "scheduler", "worker")}
+    metrics_ports = dict(zip(("router", "scheduler", "worker"), free_ports(3)))
     collector = TraceCollector()
     env = traced_env(collector)
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
-from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.launcher import free_ports, stop_services
 from sluice.client import chat_request
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 
@@ -20,7 +20,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def gateway(services, default_model_dir):
-    layout = GatewayLayout("127.0.0.1", free_port(), free_port())
+    layout = GatewayLayout("127.0.0.1", *free_ports(2))
     process = start_gateway(layout, [services.layout.router_address], default_model_dir)
     try:
         wait_until_gateway_serves(layout, 60, process)

@@ -9,15 +9,16 @@ import psutil
 import pytest
 
 from sluice.cli.gateway import GatewayLayout, wait_until_gateway_serves
-from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.launcher import free_ports, stop_services
 
 pytestmark = pytest.mark.slow
 
 
 def test_serve_with_an_openai_port_answers_there_and_ctrl_c_stops_everything(default_model_dir):
-    gateway = GatewayLayout("127.0.0.1", free_port(), free_port())
+    router_port, openai_port, openai_metrics_port = free_ports(3)
+    gateway = GatewayLayout("127.0.0.1", openai_port, openai_metrics_port)
     serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
-                              "--port", str(free_port()), "--openai-port", str(gateway.port),
+                              "--port", str(router_port), "--openai-port", str(gateway.port),
                               "--openai-metrics-port", str(gateway.metrics_port), "--drain-timeout", "2"])
     try:
         wait_until_gateway_serves(gateway, 300, serve)

@@ -7,7 +7,7 @@ import sys
 import pytest
 from grpc_health.v1 import health_pb2
 
-from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.launcher import free_ports, stop_services
 from tests.e2e.services import health_status, wait_for_health
 
 pytestmark = pytest.mark.slow
@@ -20,8 +20,7 @@ DRAIN_TIMEOUT = 2.0
     ("sluice.v1.Generation", ["router", "--no-tokenizer", "--scheduler"]),
 ])
 def test_one_sigterm_stops_a_service_waiting_for_its_peer(service, waits_with):
-    address = f"127.0.0.1:{free_port()}"
-    absent_peer = f"127.0.0.1:{free_port()}"
+    address, absent_peer = (f"127.0.0.1:{port}" for port in free_ports(2))
     process = subprocess.Popen([sys.executable, "-m", "sluice.cli", *waits_with, absent_peer, "--listen", address,
                                 "--drain-timeout", str(DRAIN_TIMEOUT)])
     try:

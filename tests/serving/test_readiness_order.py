@@ -8,7 +8,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.cli.launcher import free_port
+from sluice.cli.launcher import free_port, free_ports
 from sluice.serving.operations import Operations
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -60,8 +60,7 @@ def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
 def test_scheduler_is_not_ready_until_its_worker_is():
     from scheduler_svc import server
 
-    address = f"127.0.0.1:{free_port()}"
-    absent_worker = f"127.0.0.1:{free_port()}"
+    address, absent_worker = (f"127.0.0.1:{port}" for port in free_ports(2))
 
     async def scenario():
         serving = asyncio.create_task(server.serve([absent_worker], address, Operations(), worker_timeout=30))
