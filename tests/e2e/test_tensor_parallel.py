@@ -1,8 +1,8 @@
 """Tensor-parallel replicas through the real services on the CPU (gloo): SmolLM2-135M (9 heads, 3 KV heads) at -tp 3
 and a small random Qwen3 checkpoint at -tp 2 give Hugging Face's greedy tokens (as -tp 1 does, see
-test_greedy_matches_hf), one request alone and 8 at once, with prefix-cache hits and preemptions forced by a small
-KV pool; losing one rank mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
-ranks are back."""
+test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at once, preempted by a small KV pool), and
+8 requests at once with prefix-cache hits; losing one rank mid-stream ends every stream with UNAVAILABLE and the
+replica serves again once its ranks are back."""
 import json
 import signal
 import subprocess
@@ -24,9 +24,10 @@ from worker_svc.models.dummy_weights import random_state_dict
 
 pytestmark = pytest.mark.slow
 
-MAX_NEW_TOKENS = 12  # past a second block: running requests grow into a third one
+MAX_NEW_TOKENS = 12
 SCHEDULER_SERVICE = "sluice.v1.Scheduler"
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
+SAMPLES_OVER_THE_POOL, FORKED_TOKENS = 4, 24  # forked together, each growing into a third block: 9 blocks
 _PREFIX = "Here is a short list of facts about the planets of the solar system, one per line:\n"
 TEXTS = [f"{_PREFIX}{topic}" for topic in ("Mars", "Venus", "Jupiter", "Saturn", "Mercury", "Neptune", "Uranus",
                                            "Earth")]
@@ -37,21 +38,23 @@ def _request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sampling
                               sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling))
 
 
-def _assert_matches_alone_and_together(services, prompts: list[list[int]], expected: list[list[int]]) -> None:
+def _assert_matches_alone_and_together(services, hf, prompts: list[list[int]]) -> None:
+    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in prompts]
     assert services.client.generate(_request(prompts[0])).token_ids == expected[0]
+    samples = services.client.generate_samples(_request(prompts[0], FORKED_TOKENS, n=SAMPLES_OVER_THE_POOL))
+    assert [sample.token_ids for sample in samples] == [hf_greedy(hf, prompts[0], FORKED_TOKENS)] * len(samples)
+    assert services.load().num_preemptions > 0
     with ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(lambda prompt: services.client.generate(_request(prompt)), prompts))
     assert [result.token_ids for result in results] == expected
     load = services.load()
-    assert load.num_preemptions > 0 and load.prefix_cache_hit_rate > 0
-    assert load.num_free_blocks == load.num_total_blocks
+    assert load.prefix_cache_hit_rate > 0 and load.num_free_blocks == load.num_total_blocks
 
 
 def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_model, hf_tokenizer):
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
-    expected = [hf_greedy(hf_model, prompt, MAX_NEW_TOKENS) for prompt in prompts]
     with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
-        _assert_matches_alone_and_together(services, prompts, expected)
+        _assert_matches_alone_and_together(services, hf_model, prompts)
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +78,9 @@ def _qwen3_matches_hf_at_tp2(folder, worker_args: list[str] = ()) -> None:
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
-    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in prompts]
     with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
                           tensor_parallel_size=2) as services:
-        _assert_matches_alone_and_together(services, prompts, expected)
+        _assert_matches_alone_and_together(services, hf, prompts)
 
 
 def test_qwen3_shape_at_tp2_matches_hf(tiny_qwen3):
