@@ -1,7 +1,7 @@
 """The OpenAI gateway's overhead: the same `sluice bench serve` workload against the router's native API and through
 smg in front of it (`sluice serve --openai-port`), alternating, in one run:
 `python benchmarks/gateway_overhead.py --address 127.0.0.1:50051 --openai-url http://127.0.0.1:8000 --rounds 3
-[workload flags of sluice bench serve]`. Prints each round, then the mean TTFT and inter-token gap of each front
+--tokenizer-json MODEL/tokenizer.json [workload flags of sluice bench serve]`. Runs one warm-up round of each, then prints each round and the mean TTFT and inter-token gap of each front
 over all rounds and their difference: the overhead per request and per token."""
 import argparse
 import json
@@ -24,12 +24,16 @@ def main() -> None:
     parser.add_argument("--openai-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokenizer-json", required=True, help="the model's, so both fronts get the same prompts")
     args, workload = parser.parse_known_args()
+    workload += ["--text-prompts", args.tokenizer_json]
     fronts = {"native": ["--address", args.address],
               "smg": ["--openai-url", args.openai_url, "--model", args.model]}
     ttfts = {name: [] for name in fronts}
     itls = {name: [] for name in fronts}
     with tempfile.TemporaryDirectory() as folder:
+        for name, front in fronts.items():  # a warm-up round, not counted: the first prefill shapes are slow
+            _bench(front, workload, Path(folder) / f"{name}-warmup.json")
         for round_number in range(args.rounds):
             for name, front in fronts.items():
                 result = _bench(front, workload, Path(folder) / f"{name}-{round_number}.json")
