@@ -5,7 +5,7 @@ from collections.abc import Awaitable, Callable
 
 from router.scheduler_link import SchedulerLink
 from router.scheduler_messages import Event, Submission
-from sluice.core.errors import InvalidArgument, Unavailable
+from sluice.core.errors import InvalidArgument, Unavailable, Unimplemented
 from sluice.core.finish_reason import FinishReason
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
@@ -40,6 +40,13 @@ class SchedulerPool:
     @property
     def num_in_flight(self) -> int:
         return sum(link.num_in_flight for link in self.links)
+
+    def kv_events(self, after_sequence_number: int):
+        """The prefix-cache events of the one replica; Unimplemented for several, whose caches a gateway cannot
+        tell apart behind this router (which sends shared prefixes to one replica itself)."""
+        if len(self.links) > 1:
+            raise Unimplemented("this router balances several scheduler replicas: their KV events are not relayed")
+        return self.links[0].kv_events(after_sequence_number)
 
     def start(self) -> None:
         for link in self.links:

@@ -48,7 +48,7 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                         GenerationServicer(pool, tokenizer, model_info, telemetry))
             service.add(vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server,
                         VllmEngineServicer(pool, tokenizer, model_info, telemetry, tokenizer_path,
-                                           lambda: service.gate.open))
+                                           lambda: service.gate.open, operations.shutdown))
             pool.on_ready = service.set_ready
             pool.start()
             log.info("router on port %d, serving %s", port, model_info.model)

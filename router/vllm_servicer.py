@@ -6,16 +6,19 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from router.generation_flow import deadline_unix_seconds, stream_generation
+from router.kv_event_relay import relay_kv_events
 from router.request_checks import RequestChecks
 from router.request_telemetry import RouterTelemetry
 from router.scheduler_messages import Submission
 from router.scheduler_pool import SchedulerPool
 from router.tokenizer_bundle import tokenizer_bundle
 from router.vllm_info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
+from router.vllm_kv_events_pb import kv_event_batch_to_vllm_pb
 from router.vllm_output import vllm_generation_output
 from router.vllm_sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
 from sluice.core.errors import InvalidArgument
@@ -29,13 +32,15 @@ _UNSUPPORTED_INPUTS = ("mm_inputs", "media_refs", "kv_transfer_params", "kv_tran
 
 class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
     def __init__(self, schedulers: SchedulerPool, tokenizer, model_info: generation_pb2.ModelInfo,
-                 telemetry: RouterTelemetry, tokenizer_path: Path | None, is_ready: Callable[[], bool]):
+                 telemetry: RouterTelemetry, tokenizer_path: Path | None, is_ready: Callable[[], bool],
+                 stopping: asyncio.Event):
         self.schedulers = schedulers
         self.tokenizer = tokenizer
         self.model_info = model_info
         self.telemetry = telemetry
         self.tokenizer_path = tokenizer_path
         self.is_ready = is_ready
+        self.stopping = stopping  # set when the router begins to drain: the event streams end
         self.checks = RequestChecks(tokenizer, model_info.max_model_len)
         self._started = time.monotonic()
 
@@ -98,3 +103,18 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             last = offset == offsets[-1]
             yield common_pb2.GetTokenizerChunk(data=bundle.data[offset:offset + _TOKENIZER_CHUNK_BYTES],
                                                sha256=bundle.sha256 if last else "")
+
+    async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context):
+        """The scheduler's prefix-cache events; its refusal of the cursor (OUT_OF_RANGE) comes back as the call's
+        status before any batch, as the subscriber expects, and its DATA_LOSS for a reader left behind ends the
+        stream."""
+        call = self.schedulers.kv_events(request.start_sequence_number)
+        try:
+            await call.initial_metadata()
+            if call.done():
+                await context.abort(await call.code(), await call.details())
+            await context.send_initial_metadata(())
+            async for batch in relay_kv_events(call, self.stopping):
+                yield kv_event_batch_to_vllm_pb(batch, self.model_info.block_size)
+        except grpc.aio.AioRpcError as error:
+            await context.abort(error.code(), error.details())

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from scheduler_svc.block_pool import BlockPool, KVBlock
+from scheduler_svc.kv_events import BlocksStored, KvEvent, KvEventRecorder
 from scheduler_svc.prefix_hash import BlockHash, extend_block_hashes
 from scheduler_svc.request import Request
 
@@ -30,7 +31,8 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks)
+        self.kv_events = KvEventRecorder()
+        self.pool = BlockPool(num_blocks, self.kv_events)
         self._tables: dict[str, list[KVBlock]] = {}
         self._block_hashes: dict[str, list[BlockHash]] = {}
         self._num_registered_blocks: dict[str, int] = {}  # leading blocks of a table already offered to the cache
@@ -108,7 +110,8 @@ class BlockManager:
         return [block.block_id for block in table]
 
     def cache_full_blocks(self, request: Request) -> None:
-        """Offers the request's full, computed blocks to the prefix cache (incrementally: only the new ones)."""
+        """Offers the request's full, computed blocks to the prefix cache (incrementally: only the new ones), and
+        records each run of blocks the cache took as one stored event."""
         if not self.enable_prefix_caching:
             return
         table = self._tables.get(request.request_id)
@@ -120,9 +123,24 @@ class BlockManager:
         if end <= start:
             return
         hashes = self._hashes(request)
+        run_start = None
         for i in range(start, end):
-            self.pool.cache(table[i], hashes[i])
+            if self.pool.cache(table[i], hashes[i]):
+                run_start = i if run_start is None else run_start
+            elif run_start is not None:
+                self._record_stored(request, hashes, run_start, i)
+                run_start = None
+        if run_start is not None:
+            self._record_stored(request, hashes, run_start, end)
         self._num_registered_blocks[request.request_id] = end
+
+    def _record_stored(self, request: Request, hashes: list[BlockHash], first: int, end: int) -> None:
+        self.kv_events.stored(BlocksStored(hashes[first:end], hashes[first - 1] if first else None,
+                                           request.all_token_ids[first * self.block_size:end * self.block_size]))
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The stored and removed events since the last call, in the order they happened."""
+        return self.kv_events.take()
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first so a shared prefix outlives its tails in the cache. Idempotent."""

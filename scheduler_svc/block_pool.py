@@ -2,6 +2,7 @@
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from scheduler_svc.kv_events import KvEventRecorder
 from scheduler_svc.prefix_hash import BlockHash
 
 
@@ -20,7 +21,8 @@ class BlockPool:
     to the front, so they are reused before any cached block is evicted.
     """
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, recorder: KvEventRecorder):
+        self.recorder = recorder
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
@@ -59,11 +61,14 @@ class BlockPool:
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
 
-    def cache(self, block: KVBlock, block_hash: BlockHash) -> None:
-        """Registers a full, computed block under its hash; a hash already cached keeps its first block."""
+    def cache(self, block: KVBlock, block_hash: BlockHash) -> bool:
+        """Registers a full, computed block under its hash; a hash already cached keeps its first block. Returns
+        whether the block was registered."""
         if block.block_hash is None and block_hash not in self._cached:
             block.block_hash = block_hash
             self._cached[block_hash] = block
+            return True
+        return False
 
     def evict_all_cached(self) -> int:
         """Forgets every cached block that no request holds; returns how many."""
@@ -79,4 +84,5 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            self.recorder.removed(block.block_hash)
             block.block_hash = None

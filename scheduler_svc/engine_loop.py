@@ -3,6 +3,7 @@ import logging
 import time
 from collections import deque
 
+from scheduler_svc.kv_event_log import KvEventLog
 from scheduler_svc.outbox import Outbox
 from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import Request
@@ -22,11 +23,12 @@ class EngineLoop:
     """The engine step, over and over: plan, execute on the worker, postprocess and fan out to the routers."""
 
     def __init__(self, scheduler: Scheduler, worker: WorkerGroup, sessions: RouterSessions,
-                 telemetry: SchedulerTelemetry):
+                 telemetry: SchedulerTelemetry, kv_events: KvEventLog):
         self.scheduler = scheduler
         self.worker = worker
         self.sessions = sessions
         self.telemetry = telemetry
+        self.kv_events = kv_events
         self.admitting = True  # False while draining: new requests are rejected with UNAVAILABLE
         self._wakeup = asyncio.Event()
 
@@ -49,6 +51,7 @@ class EngineLoop:
     def worker_lost(self, error: Unavailable) -> None:
         """Ends every request with the error and frees their blocks; run() starts again on a reconnected worker."""
         self.telemetry.updated(self.scheduler.abort_all())
+        self._seal_kv_events()
         self.sessions.fail_all(error)
 
     async def run(self) -> None:
@@ -72,6 +75,11 @@ class EngineLoop:
                 continue
             plan = in_flight.popleft()
             self._publish(self.scheduler.update_from_outcome(plan, await self.worker.receive()))
+            self._seal_kv_events()
+
+    def _seal_kv_events(self) -> None:
+        """The blocks this step cached, and those its plan evicted, as one batch."""
+        self.kv_events.seal(self.scheduler.block_manager.take_kv_events())
 
     def _publish(self, updates: list[RequestUpdate]) -> None:
         self.telemetry.updated(updates)

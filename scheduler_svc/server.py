@@ -5,6 +5,7 @@ import logging
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine_loop import EngineLoop
+from scheduler_svc.kv_event_log import KvEventLog
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
@@ -41,7 +42,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
             scheduler = Scheduler(config, set(info.eos_token_ids))
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
             loop = EngineLoop(scheduler, worker, sessions,
-                              SchedulerTelemetry(scheduler, service.tracer, metrics, info.model))
+                              SchedulerTelemetry(scheduler, service.tracer, metrics, info.model), KvEventLog())
             model_info = generation_pb2.ModelInfo(model=info.model, architecture=info.architecture,
                                                   max_model_len=config.max_model_len, vocab_size=info.vocab_size,
                                                   dtype=info.dtype, num_kv_blocks=config.num_blocks,

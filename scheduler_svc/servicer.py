@@ -1,6 +1,7 @@
 import asyncio
 
 from scheduler_svc.engine_loop import EngineLoop
+from scheduler_svc.kv_events_pb import kv_event_batch_to_pb
 from scheduler_svc.outbox import Outbox
 from scheduler_svc.router_sessions import RouterSessions
 from scheduler_svc.updates_pb import load_to_pb, request_from_pb
@@ -50,3 +51,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
         return self.model_info
+
+    async def SubscribeKvEvents(self, request: scheduler_pb2.SubscribeKvEventsRequest, context):
+        log = self.loop.kv_events
+        cursor = request.after_sequence_number
+        log.check_cursor(cursor)
+        await context.send_initial_metadata(())  # the subscriber learns its cursor is taken before any batch
+        while True:
+            for batch in log.after(cursor):
+                yield kv_event_batch_to_pb(batch)
+                cursor = batch.sequence_number
+            await log.wait_after(cursor)

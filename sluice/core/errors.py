@@ -22,3 +22,15 @@ class DeadlineExceeded(SluiceError):
 
 class NotFound(SluiceError):
     pass
+
+
+class OutOfRange(SluiceError):
+    pass
+
+
+class DataLoss(SluiceError):
+    pass
+
+
+class Unimplemented(SluiceError):
+    pass

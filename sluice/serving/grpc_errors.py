@@ -10,6 +10,9 @@ _STATUS = {
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    errors.DataLoss: grpc.StatusCode.DATA_LOSS,
+    errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 

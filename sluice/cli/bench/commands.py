@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
-from sluice.cli.bench.workload import BenchRequest, random_workload
+from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
 from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
 
 
@@ -35,6 +35,12 @@ def add_bench_commands(commands) -> None:
     serve.add_argument("--vocab-size", type=int, default=49152)
     serve.add_argument("--rate", type=float, help="requests per second (Poisson); default: all at once")
     serve.add_argument("--concurrency", type=int)
+    serve.add_argument("--openai-url", help="send the load through this OpenAI-compatible gateway (smg in front of "
+                                            "the router, e.g. http://127.0.0.1:8000) instead of to --address")
+    serve.add_argument("--model", default="", help="the model name the gateway serves, with --openai-url")
+    serve.add_argument("--text-prompts", metavar="TOKENIZER_JSON",
+                       help="prompts that survive a round trip through this tokenizer as text: needed by "
+                            "--openai-url, and given to a native run compared with it")
     _add_workload_options(serve, num_requests=200, input_len=(1024, 1024), output_len=(256, 256))
     serve.set_defaults(run=_serve)
 
@@ -197,14 +203,23 @@ def _serve(args) -> None:
     from tqdm import tqdm
 
     from sluice.cli.bench.grpc_load import run_load
+    from sluice.cli.bench.openai_load import run_openai_load
 
     requests = with_sampling(random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
                                              args.vocab_size, args.seed), args)
+    if args.text_prompts:
+        requests = as_text(requests, args.text_prompts)
+    elif args.openai_url:
+        raise SystemExit("--openai-url sends text: give --text-prompts the model's tokenizer.json")
     with tqdm(total=len(requests), desc="requests") as progress:
-        traces, duration = asyncio.run(run_load(args.address, requests, args.rate, args.concurrency, args.seed,
-                                                progress))
+        options = (args.rate, args.concurrency, args.seed, progress)
+        load = run_openai_load(args.openai_url, args.model, requests, *options) if args.openai_url \
+            else run_load(args.address, requests, *options)
+        traces, duration = asyncio.run(load)
     summary = summarize(traces, duration)
-    print(format_summary(f"rate {args.rate or 'inf'} req/s, concurrency {args.concurrency or 'unbounded'}", summary))
+    front = f"through {args.openai_url}" if args.openai_url else f"at {args.address}"
+    print(format_summary(f"{front}: rate {args.rate or 'inf'} req/s, concurrency {args.concurrency or 'unbounded'}",
+                         summary))
     _write(args.out, {"workload": _vars_of(args), "summary": summary,
                       "requests": [{"ttft": t.ttft, "itls": t.itls} for t in traces]})
 
