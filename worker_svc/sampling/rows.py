@@ -119,11 +119,15 @@ class SamplingRows:
         floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
         ints = self._ints[index] if draws or min_tokens else None
         if draws:
+            drawing = [p for p in params if not p.greedy]
             tensors.draws = RandomDraws(
-                temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
-                min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
+                temperature=floats[:, _F["temperature"]],
+                top_k=ints[:, _I["top_k"]] if any(p.top_k > 0 for p in drawing) else None,
+                top_p=floats[:, _F["top_p"]] if any(p.top_p < 1 for p in drawing) else None,
+                min_p=floats[:, _F["min_p"]] if any(p.min_p > 0 for p in drawing) else None,
+                seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
                 output_positions=ints[:, _I["num_output"]],
-                filter_width=self._filter_width([p for p in params if not p.greedy]))
+                filter_width=self._filter_width(drawing))
         if penalties:
             tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
                                           floats[:, _F["repetition"]], self._output_counts[index],
