@@ -217,6 +217,47 @@ def test_presence_and_frequency_penalties_match_the_openai_formula(device):
     torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
 
 
+def _penalised_like_hf(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
+                       output: list[int]) -> torch.Tensor:
+    expected = _hf([RepetitionPenaltyLogitsProcessor(params.repetition_penalty)], logits, prompt + output)
+    for token in set(output):
+        expected[0, token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    return expected
+
+
+def test_penalties_follow_the_sampled_tokens_through_preemption_and_forks(device):
+    """The history stays on the device and grows with each step's sampled tokens (past its first width); a request
+    preempted and recomputed comes back with its output so far; two forks of one prompt keep their own outputs; rows
+    without penalties in the batch stay untouched. Every step against Hugging Face and the OpenAI formula."""
+    fork = SamplingParams(repetition_penalty=1.2, frequency_penalty=0.3)
+    requests = {"rep": (SamplingParams(repetition_penalty=1.3), [5, 6, 7, 7], []),
+                "freq": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [4, 8], [9, 9]),
+                "fork_a": (fork, [3, 4], []), "fork_b": (fork, [3, 4], []),
+                "plain": (SamplingParams(), [5], [])}
+    rows = _rows(requests, device)
+    history = {name: (params, list(prompt), list(output)) for name, (params, prompt, output) in requests.items()}
+    tokens = torch.Generator().manual_seed(4)
+    for step in range(12):
+        if step == 6:  # "rep" is preempted and recomputed; a new request takes "plain"'s row
+            rows.remove("rep")
+            rows.remove("plain")
+            rows.add("plain2", SamplingParams(temperature=0.0), 0, [1], [])
+            rows.add("rep", *history["rep"][:1], 0, *history["rep"][1:])
+            history["plain2"] = (SamplingParams(), [1], [])
+            del history["plain"]
+        names = list(history)
+        index = torch.tensor(rows.indices(names), device=device)
+        logits = _logits(len(names), device, seed=step)
+        out = process_logits(logits.clone(), rows.gather(names, index))
+        for i, (params, prompt, output) in enumerate(history.values()):
+            torch.testing.assert_close(out[i:i + 1], _penalised_like_hf(logits[i:i + 1], params, prompt, output))
+        sampled = torch.randint(3, 12, (len(names),), generator=tokens)
+        rows.record(index, sampled.to(device))
+        for (_, _, output), token in zip(history.values(), sampled.tolist()):
+            output.append(token)
+    assert history["fork_a"][2] != history["fork_b"][2]
+
+
 def test_logit_bias_matches_hf_sequence_bias(device):
     bias = {3: 5.0, 17: -2.5, 400: 0.75}
     tensors = _gather(_rows({"a": (SamplingParams(logit_bias=bias), [1], [])}, device), ["a"])
@@ -337,7 +378,7 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
     ids = ["r39", "late", "r1"]
     tensors = _gather(rows, ids)
     assert tensors.draws.temperature.tolist() == [0.5, 0.0, 0.5]
-    assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
+    assert 39 in tensors.penalties.token_ids[0].tolist() and 1 in tensors.penalties.token_ids[2].tolist()
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
     assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
     assert out[1, 38] == 0.0  # r38's bias left the row with it

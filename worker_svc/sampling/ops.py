@@ -52,8 +52,8 @@ class Penalties:
     presence: torch.Tensor  # [batch] float32
     frequency: torch.Tensor  # [batch] float32
     repetition: torch.Tensor  # [batch] float32, 1 where off
-    output_counts: torch.Tensor  # [batch, vocab] int32: how often each token was generated
-    prompt_mask: torch.Tensor  # [batch, vocab] bool: the token occurs in the prompt
+    token_ids: torch.Tensor  # [batch, width] int64: the prompt and output tokens, repeated tokens and padding included
+    output_counts: torch.Tensor  # [batch, width] int32: how often each entry's token was generated
 
 
 @dataclass(slots=True)
@@ -116,14 +116,14 @@ def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tens
 
 def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     """Repetition penalty over prompt and output tokens (divides positive logits, multiplies negative ones), then
-    OpenAI's presence and frequency penalties over output tokens."""
-    counts = penalties.output_counts
-    generated = counts > 0
+    OpenAI's presence and frequency penalties over output tokens: on the rows' history entries only. A token listed
+    twice gets the same value twice."""
+    token_ids, counts = penalties.token_ids, penalties.output_counts
+    seen = logits.gather(1, token_ids)
     repetition = penalties.repetition.unsqueeze(1)
-    penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(generated | penalties.prompt_mask, penalised, logits)
-    logits -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * generated
-    return logits
+    penalised = torch.where(seen > 0, seen / repetition, seen * repetition)
+    penalised -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * (counts > 0)
+    return logits.scatter_(1, token_ids, penalised)
 
 
 def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
