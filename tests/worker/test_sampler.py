@@ -12,6 +12,8 @@ from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.ops import TOP_K_CANDIDATES, fixed_point, kept_tokens, process_logits, sample
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.seeded_random import seeded_uniform
+from worker_svc.sampling.step import StepSampler
+from worker_svc.sampling.structured_output import GrammarMatchers
 
 VOCAB = 512
 EOS = 2
@@ -382,6 +384,33 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
     assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
     assert out[1, 38] == 0.0  # r38's bias left the row with it
+
+
+def test_logprobs_are_of_the_raw_logits_which_sampling_leaves_as_they_are(device):
+    """Penalties, a logit bias and temperature change what a row draws from, not its logprobs; only the rows that
+    asked get them, reduced from the logits the step was given."""
+    requests = {"penalised": (SamplingParams(temperature=0.8, repetition_penalty=1.5, frequency_penalty=0.5,
+                                             logprobs=3, seed=1), [5, 6], [6]),
+                "quiet": (SamplingParams(temperature=1.0, logit_bias={7: 5.0}, seed=2), [5], []),
+                "greedy": (SamplingParams(temperature=0.0, logit_bias={9: 30.0}, logprobs=0), [5], [])}
+    sampler = StepSampler(_rows(requests, device), GrammarMatchers(None, VOCAB, device))
+    names = list(requests)
+    logits = _logits(3, device)
+    raw = logits.clone()
+    sample = sampler.sample(logits, names, torch.tensor(sampler.rows.indices(names), device=device))
+    assert torch.equal(logits, raw)
+    token_ids = sample.token_ids.tolist()
+    result = sampler.finish(sample, token_ids)
+    assert sorted(result.logprobs) == ["greedy", "penalised"] and token_ids[2] == 9
+    expected = raw.log_softmax(dim=-1)
+    for row, name in ((0, "penalised"), (2, "greedy")):
+        logprobs, token = result.logprobs[name], token_ids[row]
+        assert logprobs.token_ids == [token]
+        assert logprobs.ranks == [int((raw[row] > raw[row, token]).sum()) + 1]
+        torch.testing.assert_close(torch.tensor(logprobs.logprobs), expected[row, token:token + 1].cpu())
+        num_top = requests[name][0].logprobs
+        assert logprobs.top_token_ids == expected[row].topk(num_top).indices.tolist()
+        torch.testing.assert_close(torch.tensor(logprobs.top_logprobs), expected[row].topk(num_top).values.cpu())
 
 
 def test_seeded_uniform_is_exact_integer_arithmetic_on_every_device(device):

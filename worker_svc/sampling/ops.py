@@ -65,7 +65,7 @@ class SparseLogits:
 
 
 def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
-    # logits: [batch, vocab] float32, modified in place -> sampled token ids [batch]
+    # logits: [batch, vocab] float32, left as they are -> sampled token ids [batch]
     logits = process_logits(logits, tensors)
     greedy_tokens = logits.argmax(dim=-1)
     draws = tensors.draws
@@ -103,14 +103,15 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """The logits with every transform applied, a new tensor where one applies: the raw logits stay for logprobs."""
     if tensors.penalties is not None:
         logits = apply_penalties(logits, tensors.penalties)
     if tensors.sparse is not None:
         added = logits.new_zeros(logits.shape[0], logits.shape[1] + 1)
         added.scatter_add_(1, tensors.sparse.token_ids, tensors.sparse.values)
-        logits += added[:, :-1]
+        logits = logits + added[:, :-1]
     if tensors.allowed is not None:
-        logits.masked_fill_(~tensors.allowed, float("-inf"))
+        logits = logits.masked_fill(~tensors.allowed, float("-inf"))
     return logits
 
 
@@ -123,7 +124,7 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     repetition = penalties.repetition.unsqueeze(1)
     penalised = torch.where(seen > 0, seen / repetition, seen * repetition)
     penalised -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * (counts > 0)
-    return logits.scatter_(1, token_ids, penalised)
+    return logits.scatter(1, token_ids, penalised)
 
 
 def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
