@@ -6,6 +6,7 @@ from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
+from worker_svc.runner.model_runner import PROMPT_LOGPROB_ROWS
 from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 BLOCK_SIZE = 16
@@ -33,6 +34,28 @@ def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_
     torch.testing.assert_close(logprobs, reference[torch.arange(len(prompt) - 1), prompt[1:]], atol=1e-4, rtol=0)
     assert top_ids == reference[:-1].topk(2).indices.flatten().tolist()
     assert outcome.logprobs["r"].token_ids == [reference[-1].argmax().item()]
+
+
+def test_prompt_logprobs_of_a_long_prefill_chunk_come_in_parts_and_match_hf(default_model_dir, hf_model,
+                                                                           hf_tokenizer):
+    """A prefill chunk longer than PROMPT_LOGPROB_ROWS projects its logits a part at a time; the parts join in order."""
+    words = "the quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun".split()
+    prompt = hf_tokenizer(" ".join(words[i * 7 % len(words)] for i in range(2 * PROMPT_LOGPROB_ROWS + 60))).input_ids
+    assert len(prompt) > 2 * PROMPT_LOGPROB_ROWS + 1
+    engine = WorkerEngine.load(WorkerConfig(model=str(default_model_dir)))
+    engine.init_cache(BLOCK_SIZE, -(-len(prompt) // BLOCK_SIZE) + 1)
+    params = SamplingParams(temperature=0.0, prompt_logprobs=3)
+    blocks = list(range(-(-len(prompt) // BLOCK_SIZE) + 1))
+    received = engine.execute(StepPlan(0, [NewRequest("r", prompt, blocks, 0, params)], [], {"r": len(prompt)}))
+    with torch.inference_mode():
+        reference = hf_model(torch.tensor([prompt])).logits[0].log_softmax(-1)[:-1]
+    logprobs = received.prompt_logprobs["r"]
+    assert logprobs.token_ids == prompt[1:]
+    torch.testing.assert_close(torch.tensor(logprobs.logprobs), reference[torch.arange(len(prompt) - 1), prompt[1:]],
+                               atol=1e-4, rtol=0)
+    assert logprobs.ranks == ((reference > reference.gather(1, torch.tensor(prompt[1:]).unsqueeze(1))).sum(1)
+                              + 1).tolist()
+    assert logprobs.top_token_ids == reference.topk(3).indices.flatten().tolist()
 
 
 def test_grammar_mask_allows_only_the_choices_and_completes(default_model_dir, hf_tokenizer):

@@ -9,9 +9,11 @@ from transformers.generation.logits_process import (LogitsProcessorList, MinNewT
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.ops import TOP_K_CANDIDATES, kept_tokens, process_logits, sample
+from worker_svc.sampling.ops import TOP_K_CANDIDATES, fixed_point, kept_tokens, process_logits, sample
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.seeded_random import seeded_uniform
+from worker_svc.sampling.step import StepSampler
+from worker_svc.sampling.structured_output import GrammarMatchers
 
 VOCAB = 512
 EOS = 2
@@ -128,6 +130,75 @@ def test_small_top_k_rows_look_at_the_candidates_and_draw_as_over_the_sorted_voc
         assert tokens[0] == logits[0].argmax()
 
 
+def _sorted_reference(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                      min_p: torch.Tensor) -> torch.Tensor:
+    """kept_tokens' weights by sorting the whole vocabulary (most likely first, ties by token id) and cutting the
+    sorted cumulative sum, in token order."""
+    values, token_ids = logits.sort(dim=-1, descending=True, stable=True)
+    probs = (values - values[:, :1]).exp()
+    probs = probs.masked_fill(values < values.gather(1, top_k.clamp(max=logits.shape[1]).sub(1).unsqueeze(1)), 0.0)
+    weights = fixed_point(probs)
+    cdf = weights.cumsum(dim=-1)
+    limit = torch.where(top_p < 1, (top_p.double() * cdf[:, -1]).ceil().long(), cdf[:, -1])
+    weights = weights.masked_fill((cdf - weights >= limit.unsqueeze(1)) | (probs < min_p.unsqueeze(1)), 0)
+    return torch.zeros_like(weights).scatter_(1, token_ids, weights)
+
+
+def _filter_batch(device: torch.device, vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """Rows of every kind: random, rounded (many ties), all equal with -0.0 among 0.0, masked with -inf; greedy-like
+    rows (no filter), small and large top-k, top-p down to 1e-6 and up to 1, min-p; logits, top_k, top_p, min_p."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(12, vocab_size, generator=generator) * 3
+    logits[3:6] = logits[3:6].round()
+    logits[6] = 0.0
+    logits[6, ::7] = -0.0
+    logits[7, vocab_size // 3:] = float("-inf")
+    logits[8] = logits[8].bfloat16().float()
+    settings = [(vocab_size, 1.0, 0.0), (50, 0.95, 0.0), (vocab_size, 0.95, 0.0), (vocab_size, 1e-6, 0.0),
+                (900, 0.5, 0.0), (vocab_size, 0.9, 0.05), (vocab_size, 0.3, 0.0), (vocab_size, 0.999999, 0.0),
+                (vocab_size - 1, 1.0, 0.2), (3, 1.0, 0.0), (vocab_size, 0.8, 0.01), (1, 0.5, 0.5)]
+    top_k, top_p, min_p = (torch.tensor(column, device=device) for column in zip(*settings))
+    return logits.to(device), top_k, top_p.float(), min_p.float()
+
+
+def test_sort_free_filters_keep_what_the_sorted_vocabulary_keeps(device):
+    """Exactly the same weights, ties kept in token order, on rows of every kind in one batch."""
+    vocab_size = 3000
+    logits, top_k, top_p, min_p = _filter_batch(device, vocab_size)
+    token_ids, weights = kept_tokens(logits.clone(), top_k, top_p, min_p, vocab_size)
+    assert torch.equal(token_ids[0], torch.arange(vocab_size, device=device))
+    assert torch.equal(weights, _sorted_reference(logits, top_k, top_p, min_p))
+    assert (weights > 0).sum(dim=1)[[6, 9, 11]].tolist() == [int(0.3 * vocab_size) + 1, 3, 1]  # ties, in token order
+    assert weights[6].nonzero().max() == int(0.3 * vocab_size)
+    assert torch.equal(kept_tokens(logits.clone(), None, top_p, None, vocab_size)[1],
+                       _sorted_reference(logits, torch.full_like(top_k, vocab_size), top_p, torch.zeros_like(min_p)))
+
+
+def test_a_row_draws_the_same_alone_and_in_any_batch_whichever_path_it_takes(device):
+    """Greedy, top-k, top-p, min-p and unfiltered rows, each sampled alone (its own path: none, top-k candidates or
+    sort-free over the vocabulary) and all together (sort-free), at many output positions."""
+    vocab_size = 4 * TOP_K_CANDIDATES
+    settings = {"greedy": SamplingParams(temperature=0.0), "plain": SamplingParams(temperature=0.9, seed=1),
+                "top_k": SamplingParams(temperature=1.0, top_k=40, seed=2),
+                "top_k_top_p": SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=3),
+                "top_p": SamplingParams(temperature=0.8, top_p=0.95, seed=4),
+                "min_p": SamplingParams(temperature=1.2, min_p=0.1, seed=5),
+                "large_top_k": SamplingParams(temperature=1.0, top_k=2000, top_p=0.99, seed=6)}
+    logits = (torch.randn(len(settings), vocab_size, generator=torch.Generator().manual_seed(2)) * 3)
+    logits = logits.bfloat16().float().to(device)
+    requests = {name: (params, [1], []) for name, params in settings.items()}
+    together = _gather(_rows(requests, device, vocab_size=vocab_size), list(settings))
+    alone = [_gather(_rows({name: requests[name]}, device, vocab_size=vocab_size), [name]) for name in settings]
+    assert [t.draws.filter_width if t.draws else "greedy" for t in alone] == [
+        "greedy", None, TOP_K_CANDIDATES, TOP_K_CANDIDATES, vocab_size, vocab_size, vocab_size]
+    for position in range(16):
+        together.draws.output_positions.fill_(position)
+        for tensors in alone[1:]:
+            tensors.draws.output_positions.fill_(position)
+        drawn = sample(logits.clone(), together).tolist()
+        assert drawn == [sample(logits[i:i + 1].clone(), tensors)[0].item() for i, tensors in enumerate(alone)]
+
+
 @pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])
 def test_repetition_penalty_matches_hf(penalty, device):
     prompt, output = [5, 6, 7, 7], [9, 5, 300]
@@ -146,6 +217,47 @@ def test_presence_and_frequency_penalties_match_the_openai_formula(device):
     for token in set(output):
         expected[0, token] -= 0.25 * output.count(token) + 0.5
     torch.testing.assert_close(process_logits(logits.clone(), tensors), expected)
+
+
+def _penalised_like_hf(logits: torch.Tensor, params: SamplingParams, prompt: list[int],
+                       output: list[int]) -> torch.Tensor:
+    expected = _hf([RepetitionPenaltyLogitsProcessor(params.repetition_penalty)], logits, prompt + output)
+    for token in set(output):
+        expected[0, token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    return expected
+
+
+def test_penalties_follow_the_sampled_tokens_through_preemption_and_forks(device):
+    """The history stays on the device and grows with each step's sampled tokens (past its first width); a request
+    preempted and recomputed comes back with its output so far; two forks of one prompt keep their own outputs; rows
+    without penalties in the batch stay untouched. Every step against Hugging Face and the OpenAI formula."""
+    fork = SamplingParams(repetition_penalty=1.2, frequency_penalty=0.3)
+    requests = {"rep": (SamplingParams(repetition_penalty=1.3), [5, 6, 7, 7], []),
+                "freq": (SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [4, 8], [9, 9]),
+                "fork_a": (fork, [3, 4], []), "fork_b": (fork, [3, 4], []),
+                "plain": (SamplingParams(), [5], [])}
+    rows = _rows(requests, device)
+    history = {name: (params, list(prompt), list(output)) for name, (params, prompt, output) in requests.items()}
+    tokens = torch.Generator().manual_seed(4)
+    for step in range(12):
+        if step == 6:  # "rep" is preempted and recomputed; a new request takes "plain"'s row
+            rows.remove("rep")
+            rows.remove("plain")
+            rows.add("plain2", SamplingParams(temperature=0.0), 0, [1], [])
+            rows.add("rep", *history["rep"][:1], 0, *history["rep"][1:])
+            history["plain2"] = (SamplingParams(), [1], [])
+            del history["plain"]
+        names = list(history)
+        index = torch.tensor(rows.indices(names), device=device)
+        logits = _logits(len(names), device, seed=step)
+        out = process_logits(logits.clone(), rows.gather(names, index))
+        for i, (params, prompt, output) in enumerate(history.values()):
+            torch.testing.assert_close(out[i:i + 1], _penalised_like_hf(logits[i:i + 1], params, prompt, output))
+        sampled = torch.randint(3, 12, (len(names),), generator=tokens)
+        rows.record(index, sampled.to(device))
+        for (_, _, output), token in zip(history.values(), sampled.tolist()):
+            output.append(token)
+    assert history["fork_a"][2] != history["fork_b"][2]
 
 
 def test_logit_bias_matches_hf_sequence_bias(device):
@@ -268,10 +380,37 @@ def test_rows_are_reused_and_grow_past_their_capacity(device):
     ids = ["r39", "late", "r1"]
     tensors = _gather(rows, ids)
     assert tensors.draws.temperature.tolist() == [0.5, 0.0, 0.5]
-    assert tensors.penalties.prompt_mask[0, 39] and tensors.penalties.prompt_mask[2, 1]
+    assert 39 in tensors.penalties.token_ids[0].tolist() and 1 in tensors.penalties.token_ids[2].tolist()
     out = process_logits(torch.zeros(3, VOCAB, device=device), tensors)
     assert out[0, 39] == 1.0 and out[2, 1] == 1.0 and out[1, EOS] == float("-inf")
     assert out[1, 38] == 0.0  # r38's bias left the row with it
+
+
+def test_logprobs_are_of_the_raw_logits_which_sampling_leaves_as_they_are(device):
+    """Penalties, a logit bias and temperature change what a row draws from, not its logprobs; only the rows that
+    asked get them, reduced from the logits the step was given."""
+    requests = {"penalised": (SamplingParams(temperature=0.8, repetition_penalty=1.5, frequency_penalty=0.5,
+                                             logprobs=3, seed=1), [5, 6], [6]),
+                "quiet": (SamplingParams(temperature=1.0, logit_bias={7: 5.0}, seed=2), [5], []),
+                "greedy": (SamplingParams(temperature=0.0, logit_bias={9: 30.0}, logprobs=0), [5], [])}
+    sampler = StepSampler(_rows(requests, device), GrammarMatchers(None, VOCAB, device))
+    names = list(requests)
+    logits = _logits(3, device)
+    raw = logits.clone()
+    sample = sampler.sample(logits, names, torch.tensor(sampler.rows.indices(names), device=device))
+    assert torch.equal(logits, raw)
+    token_ids = sample.token_ids.tolist()
+    result = sampler.finish(sample, token_ids)
+    assert sorted(result.logprobs) == ["greedy", "penalised"] and token_ids[2] == 9
+    expected = raw.log_softmax(dim=-1)
+    for row, name in ((0, "penalised"), (2, "greedy")):
+        logprobs, token = result.logprobs[name], token_ids[row]
+        assert logprobs.token_ids == [token]
+        assert logprobs.ranks == [int((raw[row] > raw[row, token]).sum()) + 1]
+        torch.testing.assert_close(torch.tensor(logprobs.logprobs), expected[row, token:token + 1].cpu())
+        num_top = requests[name][0].logprobs
+        assert logprobs.top_token_ids == expected[row].topk(num_top).indices.tolist()
+        torch.testing.assert_close(torch.tensor(logprobs.top_logprobs), expected[row].topk(num_top).values.cpu())
 
 
 def test_seeded_uniform_is_exact_integer_arithmetic_on_every_device(device):

@@ -99,11 +99,20 @@ class DecoderLM(nn.Module):
     def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata,
                 logits_indices: torch.Tensor | None) -> torch.Tensor:
         """Float32 logits [num_logits, vocab] of the tokens at logits_indices (None: of every token)."""
+        return self.logits(*self.hidden_states(input_ids, positions, cos_sin_cache, kv_caches, meta, logits_indices))
+
+    def hidden_states(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata,
+                      logits_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output and residual [num_logits, hidden] at logits_indices (None: at every token)."""
         x, residual = self.embed_tokens(input_ids), None  # x: [num_tokens, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, positions, cos_sin_cache, kv_cache, meta)
         if logits_indices is not None:
             x, residual = x[logits_indices], residual[logits_indices]
+        return x, residual
+
+    def logits(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden_states' rows."""
         return self.norm.project(x, residual, self.lm_head, out_dtype=torch.float32)[0]
 
     def _embedding(self, config: ModelConfig) -> nn.Embedding:

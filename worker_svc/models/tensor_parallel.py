@@ -59,9 +59,8 @@ class TensorParallelDecoderLM(DecoderLM):
         self.group = group
         super().__init__(layout.local_config(), traits, ops)
 
-    def forward(self, input_ids, positions, cos_sin_cache, kv_caches, meta, logits_indices):
-        logits = self.group.gather_to_driver(
-            super().forward(input_ids, positions, cos_sin_cache, kv_caches, meta, logits_indices))
+    def logits(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        logits = self.group.gather_to_driver(super().logits(x, residual))
         return logits[:, :self.layout.config.vocab_size] if self.group.is_driver else logits
 
     def _embedding(self, config: ModelConfig) -> nn.Embedding:

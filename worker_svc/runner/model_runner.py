@@ -3,14 +3,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.runner.batch_state import BatchState, RequestState
 from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.kv_cache import copy_blocks
-from worker_svc.runner.logits_rows import logits_rows
+from worker_svc.runner.logits_rows import LogitsRows, logits_rows
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
 from worker_svc.sampling.step import DeviceSample, StepSampler
+from worker_svc.sampling.token_logprobs import LogprobTensors, joined
+
+PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits are held at once
 
 
 @dataclass(slots=True)
@@ -22,7 +24,7 @@ class LaunchedStep:
     sampled: list[RequestState] = field(default_factory=list)  # the requests that sampled, in sample order
     host_token_ids: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
-    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    prompt_logprobs: LogprobTensors | None = None
     outcome: StepOutcome | None = None
 
     def ready(self) -> bool:
@@ -71,10 +73,16 @@ class ModelRunner:
         rows = logits_rows(request_ids, states, query_lens)
         inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
                                    self.sampler.rows.indices(rows.sample_request_ids), self._previous)
-        logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
         num_samples = len(rows.sample_request_ids)
-        sample = self.sampler.sample(logits[:num_samples], rows.sample_request_ids, inputs.sampling_rows)
-        prompt_logprobs = self.sampler.prompt_logprobs(logits[num_samples:], rows.prompt_targets, rows.prompt_groups)
+        if rows.prompt_groups:
+            x, residual = self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache,
+                                                   self.kv_caches, inputs.meta, inputs.logits_indices)
+            logits = self.model.logits(x[:num_samples], residual[:num_samples])
+            prompt_logprobs = self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows)
+        else:
+            logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
+            prompt_logprobs = None
+        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
@@ -96,10 +104,20 @@ class ModelRunner:
             token_ids = oldest.host_token_ids.tolist()
             self.batch.resolve(oldest.sampled, token_ids)
             result = self.sampler.finish(oldest.sample, token_ids)
+            prompt_logprobs = {} if oldest.prompt_logprobs is None else oldest.prompt_logprobs.lists()
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
-                                         oldest.prompt_logprobs, result.grammar_completed_request_ids,
+                                         prompt_logprobs, result.grammar_completed_request_ids,
                                          result.grammar_errors)
         return step.outcome
+
+    def _prompt_logprobs(self, x: torch.Tensor, residual: torch.Tensor, rows: LogitsRows) -> LogprobTensors | None:
+        """The prompt rows' logprobs, PROMPT_LOGPROB_ROWS rows of logits at a time (every rank projects them)."""
+        num_top = max(num_top for _, _, num_top in rows.prompt_groups)
+        parts = [self.sampler.prompt_logprobs(self.model.logits(x[start:start + PROMPT_LOGPROB_ROWS],
+                                                                residual[start:start + PROMPT_LOGPROB_ROWS]),
+                                              rows.prompt_targets[start:start + PROMPT_LOGPROB_ROWS], num_top)
+                 for start in range(0, len(rows.prompt_targets), PROMPT_LOGPROB_ROWS)]
+        return None if parts[0] is None else joined(parts, rows.prompt_groups)
 
     def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
         graphs, meta = self.decode_graphs, inputs.meta

@@ -52,5 +52,5 @@ class FollowerSampler:
         return SampleResult({})
 
     @staticmethod
-    def prompt_logprobs(logits: torch.Tensor, targets: list[int], groups) -> dict:
-        return {}
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> None:
+        return None

@@ -5,20 +5,22 @@ allowed_token_ids, structured output) on the raw logits; greedy rows take the ar
 temperature, top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF,
 in token order, at a seeded uniform number.
 
-The filters never sort the vocabulary when every sampled row has a small top-k: they look at the TOP_K_CANDIDATES most
-likely tokens only. Either way a row keeps the same tokens with the same weights and draws the same token, so a seeded
-request draws the same whatever else is in its batch.
+The filters never sort the vocabulary. When every sampled row has a small top-k they look at the TOP_K_CANDIDATES most
+likely tokens only; otherwise threshold searches find where each row's sorted order stops keeping tokens. Weights are
+fixed-point integers, so sums are exact: either way a row keeps the same tokens with the same weights and draws the
+same token, so a seeded request draws the same whatever else is in its batch, on any device.
 """
 from dataclasses import dataclass
 
 import torch
 
 from worker_svc.sampling.seeded_random import seeded_uniform
+from worker_svc.sampling.threshold import ordered_keys, threshold_key
 
+FIXED_POINT_BITS = 40  # a vocabulary below 2**23 keeps every sum of weights below 2**63
 TOP_K_CANDIDATES = 1024  # the most likely tokens the filters look at when every sampled row has top_k <= half of it
 # NOTE: H200, 256 rows of a 151,936 vocabulary (benchmarks/sampling.py), a whole sampling step: temperature 0.8, top-p
-# 0.95, top-k 50 takes 2.10-2.18 ms against 6.19-6.21 ms with the vocabulary sort; top-p 0.95 alone still sorts, and
-# takes 6.79-7.16 ms against 6.12-6.19 ms before the sort's rows kept their ties in token order and drew in token order.
+# 0.95, top-k 50 takes 2.10-2.18 ms against 6.19-6.21 ms with the vocabulary sort.
 
 
 @dataclass(slots=True)
@@ -26,9 +28,9 @@ class RandomDraws:
     """What a batch with rows that draw at random needs, one row per request (greedy rows included)."""
 
     temperature: torch.Tensor  # [batch] float32, 0 where greedy
-    top_k: torch.Tensor  # [batch] int64, vocab size where disabled
-    top_p: torch.Tensor  # [batch] float32
-    min_p: torch.Tensor  # [batch] float32
+    top_k: torch.Tensor | None  # [batch] int64, vocab size where disabled; None where no drawing row has one
+    top_p: torch.Tensor | None  # [batch] float32; likewise
+    min_p: torch.Tensor | None  # [batch] float32; likewise
     seeds: torch.Tensor  # [batch, 2] int64: the low and high 32 bits of each request's seed
     output_positions: torch.Tensor  # [batch] int64: the index of the token being sampled in the request's output
     filter_width: int | None  # None: no row filters; else how many of the most likely tokens the filters look at
@@ -50,8 +52,8 @@ class Penalties:
     presence: torch.Tensor  # [batch] float32
     frequency: torch.Tensor  # [batch] float32
     repetition: torch.Tensor  # [batch] float32, 1 where off
-    output_counts: torch.Tensor  # [batch, vocab] int32: how often each token was generated
-    prompt_mask: torch.Tensor  # [batch, vocab] bool: the token occurs in the prompt
+    token_ids: torch.Tensor  # [batch, width] int64: the prompt and output tokens, repeated tokens and padding included
+    output_counts: torch.Tensor  # [batch, width] int32: how often each entry's token was generated
 
 
 @dataclass(slots=True)
@@ -63,7 +65,7 @@ class SparseLogits:
 
 
 def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
-    # logits: [batch, vocab] float32, modified in place -> sampled token ids [batch]
+    # logits: [batch, vocab] float32, left as they are -> sampled token ids [batch]
     logits = process_logits(logits, tensors)
     greedy_tokens = logits.argmax(dim=-1)
     draws = tensors.draws
@@ -73,7 +75,7 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     logits = logits / torch.where(is_greedy, 1.0, draws.temperature).unsqueeze(1)
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
     if draws.filter_width is None:
-        sampled = draw(unnormalised_probs(logits), uniform)
+        sampled = draw(fixed_point(unnormalised_probs(logits)), uniform)
     else:
         token_ids, weights = kept_tokens(logits, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
         sampled = token_ids.gather(1, draw(weights, uniform).unsqueeze(1)).squeeze(1)
@@ -85,61 +87,99 @@ def unnormalised_probs(logits: torch.Tensor) -> torch.Tensor:
     return (logits - logits.amax(dim=-1, keepdim=True)).exp_()
 
 
+def fixed_point(probs: torch.Tensor) -> torch.Tensor:
+    """Unnormalised probabilities (at most 1) as int64 multiples of 2**-FIXED_POINT_BITS: their sums are exact in any
+    order, on any device."""
+    return probs.mul(2.0**FIXED_POINT_BITS).long()
+
+
 def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """The first index whose cumulative weight (summed in float64) exceeds `uniform` times the total (a weight of 0 is
-    never drawn)."""
-    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
-    target = (uniform * cdf[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=weights.shape[-1] - 1)
+    """The first index whose cumulative weight exceeds `uniform` times the total (a weight of 0 is never drawn).
+    weights: [batch, n] int64."""
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1]
+    target = torch.minimum((uniform * total).long(), total - 1).unsqueeze(1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
 def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """The logits with every transform applied, a new tensor where one applies: the raw logits stay for logprobs."""
     if tensors.penalties is not None:
         logits = apply_penalties(logits, tensors.penalties)
     if tensors.sparse is not None:
         added = logits.new_zeros(logits.shape[0], logits.shape[1] + 1)
         added.scatter_add_(1, tensors.sparse.token_ids, tensors.sparse.values)
-        logits += added[:, :-1]
+        logits = logits + added[:, :-1]
     if tensors.allowed is not None:
-        logits.masked_fill_(~tensors.allowed, float("-inf"))
+        logits = logits.masked_fill(~tensors.allowed, float("-inf"))
     return logits
 
 
 def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     """Repetition penalty over prompt and output tokens (divides positive logits, multiplies negative ones), then
-    OpenAI's presence and frequency penalties over output tokens."""
-    counts = penalties.output_counts
-    generated = counts > 0
+    OpenAI's presence and frequency penalties over output tokens: on the rows' history entries only. A token listed
+    twice gets the same value twice."""
+    token_ids, counts = penalties.token_ids, penalties.output_counts
+    seen = logits.gather(1, token_ids)
     repetition = penalties.repetition.unsqueeze(1)
-    penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(generated | penalties.prompt_mask, penalised, logits)
-    logits -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * generated
-    return logits
+    penalised = torch.where(seen > 0, seen / repetition, seen * repetition)
+    penalised -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * (counts > 0)
+    return logits.scatter(1, token_ids, penalised)
 
 
-def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                min_p: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What top-k, then top-p over the tokens top-k kept, then min-p keep: token ids [batch, width], ascending, and
-    their unnormalised probabilities (0 where dropped). Top-k keeps every token tied with the k-th, as Hugging Face
-    does; the most likely token always stays (top_p > 0, min_p <= 1). width: how many of the most likely tokens to
-    look at, at least twice every drawing row's top_k, or the vocabulary."""
+    their fixed-point unnormalised probabilities (0 where dropped). Top-k keeps every token tied with the k-th, as
+    Hugging Face does; top-p keeps the most likely tokens, ties in token order, until the ones before weigh top_p of
+    the total; the most likely token always stays (top_p > 0, min_p <= 1). A filter is None where no row uses it.
+    width: how many of the most likely tokens to look at, at least twice every drawing row's top_k, or the vocabulary,
+    which no filter sorts."""
     vocab_size = logits.shape[-1]
-    if width < vocab_size:
-        values, token_ids = logits.topk(width, dim=-1)
-        token_ids, by_id = token_ids.sort(dim=-1)
-        values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
-        token_ids = token_ids.gather(1, by_value)
-    else:
-        values, token_ids = logits.sort(dim=-1, descending=True, stable=True)
-    # -- most likely first, ties by token id, on either path
-    kth = values.gather(1, top_k.clamp(max=width).sub(1).unsqueeze(1))
-    weights = (values - values[:, :1]).exp_().masked_fill_(values < kth, 0.0)
-    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
-    drop = (cdf - weights >= top_p.unsqueeze(1) * cdf[:, -1:]) | (weights < min_p.unsqueeze(1))
-    weights.masked_fill_(drop, 0.0)
-    # -- back to token order, the order in which a row with no filter draws over the whole vocabulary
     if width == vocab_size:
-        in_token_order = torch.zeros_like(weights).scatter_(1, token_ids, weights)
-        return torch.arange(vocab_size, device=logits.device).expand_as(token_ids), in_token_order
+        return torch.arange(vocab_size, device=logits.device).expand_as(logits), \
+            _kept_in_token_order(logits, top_k, top_p, min_p)
+    values, token_ids = logits.topk(width, dim=-1)
+    token_ids, by_id = token_ids.sort(dim=-1)
+    values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+    token_ids = token_ids.gather(1, by_value)
+    # -- most likely first, ties by token id
+    probs = (values - values[:, :1]).exp_()
+    probs.masked_fill_(values < values.gather(1, top_k.clamp(max=width).sub(1).unsqueeze(1)), 0.0)
+    weights = fixed_point(probs)
+    if top_p is not None:
+        cdf = weights.cumsum(dim=-1)
+        weights.masked_fill_(cdf - weights >= _mass_limit(top_p, cdf[:, -1]).unsqueeze(1), 0)
+    if min_p is not None:
+        weights.masked_fill_(probs < min_p.unsqueeze(1), 0)
+    # -- back to token order, the order in which a row with no filter draws over the whole vocabulary
     token_ids, by_id = token_ids.sort(dim=-1)
     return token_ids, weights.gather(1, by_id)
+
+
+def _kept_in_token_order(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                         min_p: torch.Tensor | None) -> torch.Tensor:
+    """kept_tokens' weights over the whole vocabulary, in token order, from threshold searches instead of a sort."""
+    keys = ordered_keys(logits)
+    probs = unnormalised_probs(logits)
+    if top_k is not None:
+        kth, _, _ = threshold_key(keys, keys.new_ones(()).expand_as(keys), top_k.clamp(max=logits.shape[-1]))
+        probs.masked_fill_(keys < kth.unsqueeze(1), 0.0)
+    weights = fixed_point(probs)
+    if top_p is not None:
+        limit = _mass_limit(top_p, weights.sum(dim=-1))
+        last, above, tied = threshold_key(keys, weights, limit)
+        ties = keys == last.unsqueeze(1)
+        tie_rank = ties.cumsum(dim=-1)
+        num_tied = tie_rank[:, -1]
+        num_ties_kept = (limit - above - 1) // (tied // num_tied) + 1  # the ties before each weigh under the limit
+        dropped = (keys < last.unsqueeze(1)) | (tie_rank > num_ties_kept.unsqueeze(1)) & ties
+        weights.masked_fill_(dropped, 0)
+    if min_p is not None:
+        weights.masked_fill_(probs < min_p.unsqueeze(1), 0)
+    return weights
+
+
+def _mass_limit(top_p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The smallest weight that the tokens before a token must reach for top-p to drop it (top_p 1 drops none)."""
+    return torch.where(top_p < 1, (top_p.double() * total).ceil_().long(), total)

@@ -9,7 +9,8 @@ import torch
 
 from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.bad_words import BadWords
-from worker_svc.sampling.ops import TOP_K_CANDIDATES, Penalties, RandomDraws, SamplingTensors, SparseLogits
+from worker_svc.sampling.ops import TOP_K_CANDIDATES, RandomDraws, SamplingTensors, SparseLogits
+from worker_svc.sampling.penalty_history import PenaltyHistory
 from worker_svc.sampling.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
@@ -73,9 +74,7 @@ class SamplingRows:
         self._min_tokens_bans = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # EOS and stop ids, value -inf
         self._allowed = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # allowed_token_ids (values unused)
         self._bad_words = BadWords(_INITIAL_ROWS, vocab_size, device)
-        # allocated with the first request that has penalties; rows of other requests hold stale history
-        self._output_counts: torch.Tensor | None = None  # [rows, vocab] int32
-        self._prompt_mask: torch.Tensor | None = None  # [rows, vocab] bool
+        self._history: PenaltyHistory | None = None  # allocated with the first request that has penalties
 
     def add(self, request_id: str, params: SamplingParams, seed: int, prompt_ids: list[int],
             output_ids: list[int]) -> None:
@@ -94,12 +93,18 @@ class SamplingRows:
         self._allowed.set_row(i, params.allowed_token_ids, [0.0] * len(params.allowed_token_ids))
         self._bad_words.set_row(i, params.bad_words_token_ids, output_ids)
         if params.has_penalties:
-            self._set_history(i, prompt_ids, output_ids)
+            if self._history is None:
+                self._history = PenaltyHistory(self._ints.shape[0], self.vocab_size, self.device)
+            self._history.set_row(i, prompt_ids, output_ids)
+        elif self._history is not None:
+            self._history.clear_row(i)
 
     def remove(self, request_id: str) -> None:
         row = self._rows.pop(request_id, None)
         if row is not None:
             self._free.append(row.index)
+            if self._history is not None:
+                self._history.clear_row(row.index)
 
     def params(self, request_id: str) -> SamplingParams:
         return self._rows[request_id].params
@@ -111,7 +116,8 @@ class SamplingRows:
         """The SamplingTensors of the requests, whose rows (`indices`) are `index`, already on the device; `allowed`
         holds allowed_token_ids only (the structured-output mask is the caller's)."""
         self._flush()
-        params = [self._rows[request_id].params for request_id in request_ids]
+        rows = [self._rows[request_id] for request_id in request_ids]
+        params = [row.params for row in rows]
         tensors = SamplingTensors()
         draws = not all(p.greedy for p in params)
         penalties = any(p.has_penalties for p in params)
@@ -119,15 +125,19 @@ class SamplingRows:
         floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
         ints = self._ints[index] if draws or min_tokens else None
         if draws:
+            drawing = [p for p in params if not p.greedy]
             tensors.draws = RandomDraws(
-                temperature=floats[:, _F["temperature"]], top_k=ints[:, _I["top_k"]], top_p=floats[:, _F["top_p"]],
-                min_p=floats[:, _F["min_p"]], seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
+                temperature=floats[:, _F["temperature"]],
+                top_k=ints[:, _I["top_k"]] if any(p.top_k > 0 for p in drawing) else None,
+                top_p=floats[:, _F["top_p"]] if any(p.top_p < 1 for p in drawing) else None,
+                min_p=floats[:, _F["min_p"]] if any(p.min_p > 0 for p in drawing) else None,
+                seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
                 output_positions=ints[:, _I["num_output"]],
-                filter_width=self._filter_width([p for p in params if not p.greedy]))
+                filter_width=self._filter_width(drawing))
         if penalties:
-            tensors.penalties = Penalties(floats[:, _F["presence"]], floats[:, _F["frequency"]],
-                                          floats[:, _F["repetition"]], self._output_counts[index],
-                                          self._prompt_mask[index])
+            tensors.penalties = self._history.penalties(
+                [row.index for row in rows if row.params.has_penalties], index, floats[:, _F["presence"]],
+                floats[:, _F["frequency"]], floats[:, _F["repetition"]])
         sparse = []
         if any(p.logit_bias for p in params):
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
@@ -159,9 +169,8 @@ class SamplingRows:
         """Counts one sampled token for each row in `index`."""
         self._ints[:, _I["num_output"]].index_add_(0, index, self._ones[:index.shape[0]])
         self._bad_words.record(index, token_ids)
-        if self._output_counts is not None:
-            ones = torch.ones_like(token_ids, dtype=torch.int32)
-            self._output_counts.index_put_((index, token_ids), ones, accumulate=True)
+        if self._history is not None:
+            self._history.record(index, token_ids)
 
     def _flush(self) -> None:
         if self._staged:
@@ -171,16 +180,8 @@ class SamplingRows:
             self._staged.clear()
         for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
             table.flush()
-
-    def _set_history(self, i: int, prompt_ids: list[int], output_ids: list[int]) -> None:
-        if self._output_counts is None:
-            num_rows = self._ints.shape[0]
-            self._output_counts = torch.zeros(num_rows, self.vocab_size, dtype=torch.int32, device=self.device)
-            self._prompt_mask = torch.zeros(num_rows, self.vocab_size, dtype=torch.bool, device=self.device)
-        outputs = upload(output_ids, torch.int64, self.device)
-        self._output_counts[i] = torch.bincount(outputs, minlength=self.vocab_size)
-        self._prompt_mask[i] = False
-        self._prompt_mask[i, upload(prompt_ids, torch.int64, self.device)] = True
+        if self._history is not None:
+            self._history.flush()
 
     def _grow(self) -> None:
         num_rows = self._ints.shape[0]
@@ -189,9 +190,8 @@ class SamplingRows:
         self._ones = _pad(self._ones, 0, num_rows, 1)
         for table in (self._logit_bias, self._min_tokens_bans, self._allowed, self._bad_words):
             table.add_rows(num_rows)
-        if self._output_counts is not None:
-            self._output_counts = _pad(self._output_counts, 0, num_rows, 0)
-            self._prompt_mask = _pad(self._prompt_mask, 0, num_rows, False)
+        if self._history is not None:
+            self._history.add_rows(num_rows)
         self._free.extend(range(2 * num_rows - 1, num_rows - 1, -1))
 
 

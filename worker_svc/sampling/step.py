@@ -8,18 +8,17 @@ from sluice.core.step_plan import StepPlan
 from worker_svc.sampling.ops import sample as sample_tokens
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.structured_output import GrammarMatchers
-from worker_svc.sampling.token_logprobs import token_logprobs
+from worker_svc.sampling.token_logprobs import LogprobTensors, token_logprobs
+from worker_svc.sampling.upload import upload
 
 
 @dataclass(slots=True)
 class DeviceSample:
-    """A step's sampled tokens, still on the device, and what their logprobs need."""
+    """A step's sampled tokens and the logprobs of the rows that asked, still on the device."""
 
     request_ids: list[str]
     token_ids: torch.Tensor  # [len(request_ids)] int64
-    logprob_logits: torch.Tensor | None = None  # raw logits of the rows that asked for logprobs
-    logprob_rows: list[int] = field(default_factory=list)
-    logprob_groups: list[tuple[str, int, int]] = field(default_factory=list)
+    logprobs: LogprobTensors | None = None
 
 
 @dataclass(slots=True)
@@ -52,36 +51,40 @@ class StepSampler:
             self.grammars.add(new.request_id, params, output_ids)
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
-        """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, overwritten;
+        """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, left as they are;
         rows: the requests' SamplingRows indices, on the device."""
         tensors = self.rows.gather(request_ids, rows)
-        groups, logprob_rows = [], []
-        for i, request_id in enumerate(request_ids):
-            num_top = self.rows.params(request_id).logprobs
-            if num_top is not None:
-                groups.append((request_id, 1, num_top))
-                logprob_rows.append(i)
-        raw = logits[logprob_rows] if groups else None
         grammar_allowed = self.grammars.allowed_tokens(request_ids)
         if grammar_allowed is not None:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
         token_ids = sample_tokens(logits, tensors)
         self.rows.record(rows, token_ids)
-        return DeviceSample(request_ids, token_ids, raw, logprob_rows, groups)
+        return DeviceSample(request_ids, token_ids, self._logprobs(logits, request_ids, token_ids))
 
     def finish(self, sample: DeviceSample, token_ids: list[int]) -> SampleResult:
         """The host side once the sampled tokens (`token_ids`, in sample order) have arrived."""
         completed = self.grammars.advance(sample.request_ids, token_ids)
         result = SampleResult(dict(zip(sample.request_ids, token_ids)), grammar_completed_request_ids=completed,
                               grammar_errors=self.grammars.take_errors())
-        if sample.logprob_groups:
-            result.logprobs = token_logprobs(sample.logprob_logits, sample.token_ids[sample.logprob_rows],
-                                             sample.logprob_groups)
+        if sample.logprobs is not None:
+            result.logprobs = sample.logprobs.lists()
         return result
 
+    def _logprobs(self, logits: torch.Tensor, request_ids: list[str],
+                  token_ids: torch.Tensor) -> LogprobTensors | None:
+        """Of the rows that asked: straight from the logits when every row did, else from a copy of those rows."""
+        asked = [(i, request_id, self.rows.params(request_id).logprobs) for i, request_id in enumerate(request_ids)]
+        asked = [(i, request_id, num_top) for i, request_id, num_top in asked if num_top is not None]
+        if not asked:
+            return None
+        groups = [(request_id, 1, num_top) for _, request_id, num_top in asked]
+        num_top = max(num_top for _, _, num_top in asked)
+        if len(asked) == len(request_ids):
+            return token_logprobs(logits, token_ids, groups, num_top)
+        index = upload([i for i, _, _ in asked], torch.int64, logits.device)
+        return token_logprobs(logits[index], token_ids[index], groups, num_top)
+
     @staticmethod
-    def prompt_logprobs(logits: torch.Tensor, targets: list[int],
-                        groups: list[tuple[str, int, int]]) -> dict[str, Logprobs]:
-        if not groups:
-            return {}
-        return token_logprobs(logits, torch.tensor(targets, device=logits.device), groups)
+    def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> LogprobTensors | None:
+        """The logprobs of the prompt tokens `targets` that the rows of `logits` predict, in no group yet."""
+        return token_logprobs(logits, upload(targets, torch.int64, logits.device), [], num_top)

@@ -1,27 +1,50 @@
-"""Log probabilities of given tokens under raw logits, with their ranks and the most likely alternatives."""
+"""Log probabilities of given tokens under raw logits, with their ranks and the most likely alternatives: reduced on
+the device when the step launches (the logits are not kept, nor copied), listed on the host when it finishes."""
+from dataclasses import dataclass
+
 import torch
 
 from sluice.core.logprobs import Logprobs
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
-                   groups: list[tuple[str, int, int]]) -> dict[str, Logprobs]:
-    """logits: [rows, vocab] raw; token_ids: [rows]. Each group (request id, number of rows, num_top) owns the next
-    rows in order. Reductions over the logits as they are (a logprob is the logit less the row's logsumexp), so no
-    second [rows, vocab] tensor is made; one topk for all rows; the lists are cut per group at the end."""
+@dataclass(slots=True)
+class LogprobTensors:
+    """Rows in order; each group (request id, number of rows, num_top) owns the next rows."""
+
+    groups: list[tuple[str, int, int]]
+    token_ids: torch.Tensor  # [rows] int64
+    logprobs: torch.Tensor  # [rows] float32
+    ranks: torch.Tensor  # [rows] int64
+    top_ids: torch.Tensor  # [rows, the groups' largest num_top] int64
+    top_logprobs: torch.Tensor  # [rows, the groups' largest num_top] float32
+
+    def lists(self) -> dict[str, Logprobs]:
+        token_list, logprob_list, rank_list = self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
+        top_id_list, top_logprob_list = self.top_ids.tolist(), self.top_logprobs.tolist()
+        out, start = {}, 0
+        for request_id, num_rows, num_top in self.groups:
+            end = start + num_rows
+            out[request_id] = Logprobs(
+                num_top, token_list[start:end], logprob_list[start:end], rank_list[start:end],
+                [t for row in top_id_list[start:end] for t in row[:num_top]],
+                [v for row in top_logprob_list[start:end] for v in row[:num_top]])
+            start = end
+        return out
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[tuple[str, int, int]],
+                   num_top: int) -> LogprobTensors:
+    """logits: [rows, vocab] raw; token_ids: [rows]; num_top: the largest of the rows' groups. Reductions over the
+    logits as they are (a logprob is the logit less the row's logsumexp): no second [rows, vocab] tensor is made."""
     normaliser = logits.logsumexp(dim=-1, keepdim=True)
-    chosen_logits = logits.gather(1, token_ids.unsqueeze(1))
-    ranks = (logits > chosen_logits).sum(dim=1) + 1
-    top_logits, top_ids = logits.topk(max(num_top for _, _, num_top in groups), dim=-1)
-    chosen, top_logprobs = chosen_logits - normaliser, top_logits - normaliser
-    token_list, chosen_list, rank_list = token_ids.tolist(), chosen.squeeze(1).tolist(), ranks.tolist()
-    top_id_list, top_logprob_list = top_ids.tolist(), top_logprobs.tolist()
-    out, start = {}, 0
-    for request_id, num_rows, num_top in groups:
-        end = start + num_rows
-        out[request_id] = Logprobs(
-            num_top, token_list[start:end], chosen_list[start:end], rank_list[start:end],
-            [t for row in top_id_list[start:end] for t in row[:num_top]],
-            [v for row in top_logprob_list[start:end] for v in row[:num_top]])
-        start = end
-    return out
+    chosen = logits.gather(1, token_ids.unsqueeze(1))
+    ranks = (logits > chosen).sum(dim=1) + 1
+    top_logits, top_ids = logits.topk(num_top, dim=-1)
+    return LogprobTensors(groups, token_ids, (chosen - normaliser).squeeze(1), ranks, top_ids,
+                          top_logits - normaliser)
+
+
+def joined(parts: list[LogprobTensors], groups: list[tuple[str, int, int]]) -> LogprobTensors:
+    """Consecutive rows' parts as one, in `groups`."""
+    return LogprobTensors(groups, *(torch.cat(columns) for columns in zip(
+        *((part.token_ids, part.logprobs, part.ranks, part.top_ids, part.top_logprobs) for part in parts))))
