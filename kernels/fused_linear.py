@@ -6,6 +6,8 @@ launches around it (the RMSNorm before, the SiLU gate after) cost as much again.
 W's rows once and
 - before the product, optionally forms h = x + residual, stores it as the new residual, and RMS-normalises h;
 - after it, optionally adds a bias and, for the MLP's fused [gate | up] projection, computes silu(gate) * up.
+FP8 (e4m3) weights are streamed as stored, half the bytes, and each output feature's sum is multiplied by its
+row's float32 scale (the input row stays in its dtype: weight-only dequantisation).
 At two rows and more, cuBLAS's tiled GEMMs reuse each weight tile across rows and win.
 """
 import torch
@@ -44,9 +46,10 @@ def _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED: tl.constexpr):
 
 @triton.jit
 def _fused_linear_kernel(
-    x_ptr, residual_ptr, norm_weight_ptr, w_ptr, bias_ptr, out_ptr, residual_out_ptr,
+    x_ptr, residual_ptr, norm_weight_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, residual_out_ptr,
     N, K, eps, stride_w,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    HAS_W_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """Program `pid` computes output features [pid * BLOCK_N, +BLOCK_N) of the one input row.
@@ -96,6 +99,10 @@ def _fused_linear_kernel(
 
     # -- epilogue
     dtype = x_ptr.dtype.element_ty
+    if HAS_W_SCALE:
+        acc *= tl.load(w_scale_ptr + cols)
+        if GATED:
+            acc_up *= tl.load(w_scale_ptr + N + cols)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols).to(tl.float32)
     y = acc.to(dtype)
@@ -130,18 +137,20 @@ def _launch_config(n: int, k: int, norm: bool, device: torch.device) -> dict:
 def fused_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
     eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
-    launch_config: dict | None = None,
+    weight_scale: torch.Tensor | None = None, launch_config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (y, new_residual) for one row x: [1, K] and weight: [N_w, K].
 
     h = x + residual (when residual is given; new_residual = h, else None), h' = rmsnorm(h) * norm_weight (when
     norm_weight is given, else h), y = h' @ weight.T + bias: [1, N_w], or with `gated` silu(y[:, :N]) * y[:, N:] for
-    N = N_w / 2. y is in x's dtype, converted to out_dtype when given. Inputs are left untouched.
+    N = N_w / 2. y is in x's dtype, converted to out_dtype when given. With weight_scale (float32 [N_w]), weight is
+    e4m3 and stands for weight * weight_scale[:, None]. Inputs are left untouched.
     """
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}")
     k = x.shape[1]
-    if weight.dtype != x.dtype or weight.shape[1] != k or weight.stride(1) != 1:
+    stored_dtype = x.dtype if weight_scale is None else torch.float8_e4m3fn
+    if weight.dtype != stored_dtype or weight.shape[1] != k or weight.stride(1) != 1:
         raise ValueError(f"weight {weight.dtype} {tuple(weight.shape)} does not fit x {x.dtype} {tuple(x.shape)}")
     if residual is not None and (norm_weight is None or residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError("a residual needs a norm_weight and x's shape and dtype")
@@ -155,10 +164,10 @@ def fused_linear(
         raise ValueError(f"BLOCK_K {config['BLOCK_K']} does not divide K {k}")
     _fused_linear_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
-        bias if bias is not None else x, out, new_residual if new_residual is not None else out,
+        weight_scale if weight_scale is not None else x, bias if bias is not None else x, out, new_residual if new_residual is not None else out,
         n, k, eps, weight.stride(0),
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
-        ONE_TILE=config["BLOCK_K"] == k, **config,
+        HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] == k, **config,
     )
     return out, new_residual
 
@@ -166,13 +175,19 @@ def fused_linear(
 def fused_linear_ref(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
     eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The unfused model code: residual add, RMSNorm, F.linear, silu_and_mul, each rounding to x's dtype."""
+    """The unfused model code: residual add, RMSNorm, F.linear, silu_and_mul, each rounding to x's dtype (an FP8
+    weight's product summed in float32 and scaled before the rounding)."""
     new_residual = x + residual if residual is not None else None
     h = new_residual if residual is not None else x
     if norm_weight is not None:
         h = rms_norm_ref(h, norm_weight, eps)
-    y = torch.nn.functional.linear(h, weight, bias)
+    if weight_scale is None:
+        y = torch.nn.functional.linear(h, weight, bias)
+    else:
+        y = torch.nn.functional.linear(h.float(), weight.float()) * weight_scale
+        y = (y if bias is None else y + bias.float()).to(x.dtype)
     if gated:
         y = silu_and_mul_ref(y)
     return y.to(out_dtype or x.dtype), new_residual

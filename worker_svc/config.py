@@ -10,6 +10,7 @@ class WorkerConfig:
     model: str  # a Hugging Face folder, a .gguf file, or a shape name with load_format "dummy"
     load_format: str = "auto"  # "auto" (folder or .gguf) or "dummy" (random weights of a named shape)
     dtype: str = "float32"
+    quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (models/fp8.py)
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9
@@ -30,6 +31,8 @@ class WorkerConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.quantization not in ("auto", "fp8"):
+            raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -1,3 +1,4 @@
+import dataclasses
 from functools import partial
 from pathlib import Path
 
@@ -7,6 +8,7 @@ from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.dummy_weights import dummy_checkpoint
+from worker_svc.models.fp8 import FP8, emulated_fp8_linear, fp8_gemm_for, quantize_linear_weights
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
 from worker_svc.models.rope import build_cos_sin_cache
@@ -32,16 +34,18 @@ class WorkerEngine:
     def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor],
                  group: TensorParallelGroup | None = None):
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
-        weights.to_worker_layout)."""
+        weights.to_worker_layout). Quantization fp8 quantizes the rank's shards here, each row with its own scale."""
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
+        if config.quantization == "fp8":
+            model_config, state = dataclasses.replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         self.model_config = model_config
         self.group = group
         self.layout = ShardLayout(model_config) if group is None else \
             ShardLayout(model_config, group.rank, group.world_size)
         self.local_config = self.layout.local_config()  # the rank's heads, intermediate and vocabulary columns
-        self.ops = _operators(config)
+        self.ops = _operators(config, model_config.quantization == "fp8")
         self.model = self._build_model(state)
         self.runner: ModelRunner | None = None
 
@@ -61,10 +65,17 @@ class WorkerEngine:
         with torch.device("meta"):
             model = DecoderLM(self.model_config, traits, self.ops) if self.group is None else \
                 TensorParallelDecoderLM(self.layout, traits, self.ops, self.group)
-        model.load_state_dict(state, strict=True, assign=True)
+        model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
+                              assign=True)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        return model.to(device=self.device, dtype=self.config.torch_dtype).eval()
+        return model.eval()
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor on the device, in the model dtype unless it is an FP8 weight or its float32 scale."""
+        if tensor.dtype == FP8 or name.endswith(".weight_scale"):
+            return tensor.to(self.device)
+        return tensor.to(self.device, self.config.torch_dtype)
 
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
                    max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
@@ -122,13 +133,15 @@ class WorkerEngine:
         return self.finish(self.launch(plan))
 
 
-def _operators(config: WorkerConfig) -> TorchOps:
-    """Triton is imported only where its kernels are chosen: a CPU install need not have it."""
+def _operators(config: WorkerConfig, fp8: bool) -> TorchOps:
+    """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
+    device without FP8 GEMMs fails here (fp8.fp8_gemm_for)."""
+    fp8_gemm = fp8_gemm_for(torch.device(config.device)) if fp8 else emulated_fp8_linear
     if not config.uses_triton:
-        return TorchOps()
+        return TorchOps(fp8_gemm)
     try:
         from worker_svc.models.triton_ops import TritonOps
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error
-    return TritonOps()
+    return TritonOps(fp8_gemm)

@@ -9,6 +9,10 @@ def add_worker_options(parser) -> None:
     parser.add_argument("--model", type=Path, help="a Hugging Face folder or a .gguf file (default: SmolLM2-135M)")
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"],
+                        help="fp8: the decoder layers' projections in e4m3 with per-channel scales, activations "
+                             "quantized per token (a GPU needs compute capability 8.9+; the CPU emulates it); auto: "
+                             "as the checkpoint stores them")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -43,7 +47,7 @@ def add_router_limit_options(parser) -> None:
 
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
-            "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
+            "--quantization", args.quantization, "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
             "--kernels", args.kernels, "--tensor-parallel-size", str(args.tensor_parallel_size),
             "--dist-timeout", str(args.dist_timeout)]

@@ -42,6 +42,23 @@ def test_matches_unfused_reference(device, dtype, n, k, variant):
         torch.testing.assert_close(new_residual, expected_residual, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["plain", "add_norm_bias", "add_norm_gated"])
+def test_fp8_weights_match_the_reference(device, dtype, variant):
+    """e4m3 weights with one scale per row (gate and up rows scaled apart), streamed as stored."""
+    x, weight, options = _inputs(device, dtype, 200, 576, variant)
+    weight_scale = weight.float().abs().amax(-1) / 448 * torch.linspace(0.5, 2, weight.shape[0], device=device)
+    weight = (weight.float() / weight_scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    out, _ = fused_linear(x, weight, **options, weight_scale=weight_scale)
+    torch.testing.assert_close(out, fused_linear_ref(x, weight, **options, weight_scale=weight_scale)[0],
+                               **TOL[dtype])
+
+
+def test_fp8_weights_need_their_scale(device):
+    with pytest.raises(ValueError, match="does not fit"):
+        fused_linear(torch.randn(1, 64, device=device), torch.randn(32, 64, device=device).to(torch.float8_e4m3fn))
+
+
 def test_float32_logits_from_bf16(device):
     x, weight, options = _inputs(device, torch.bfloat16, 1000, 256, "add_norm")
     out, _ = fused_linear(x, weight, **options, out_dtype=torch.float32)

@@ -1,6 +1,11 @@
+import torch
+
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from worker_svc.engine import WorkerEngine
+from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.rope import build_cos_sin_cache
+from worker_svc.runner.kv_cache import allocate_kv_cache
 
 BLOCK_SIZE = 16
 
@@ -28,3 +33,20 @@ def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: i
         for rid, token in outcome.sampled_token_ids.items():
             outputs[rid].append(token)
     return [outputs[f"r{i}"][:max_new_tokens] for i in range(len(prompts))]
+
+
+def prompt_logits(engine: WorkerEngine, token_ids: list[int]) -> torch.Tensor:
+    """float32 [len(token_ids), vocab]: the model's logits at every position of one prompt, in one prefill."""
+    config, n = engine.model_config, len(token_ids)
+    num_blocks = -(-n // BLOCK_SIZE)
+    kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.config.torch_dtype,
+                                  engine.device)
+    cos_sin_cache = build_cos_sin_cache(config.head_dim, n, config.rope_theta, config.rope_scaling, torch.float32)
+    positions = torch.arange(n)
+    meta = AttentionMetadata(slot_mapping=positions, query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+                             seq_lens=torch.tensor([n], dtype=torch.int32),
+                             block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+                             token_seq_index=torch.zeros(n, dtype=torch.int64), token_query_pos=positions,
+                             max_query_len=n, max_seq_len=n)
+    with torch.inference_mode():
+        return engine.model(torch.tensor(token_ids), positions, cos_sin_cache, kv_caches, meta, None)

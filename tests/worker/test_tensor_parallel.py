@@ -22,13 +22,13 @@ HEADS = {2: [(6, 2), (6, 1)], 3: [(9, 3), (6, 1)]}  # (q heads, KV heads): KV he
 PROMPTS = [[5, 17, 99, 3], [42] * 9, list(range(60, 83))]
 
 
-def _engines(group, hf_config: dict) -> tuple[WorkerEngine, WorkerEngine]:
+def _engines(group, hf_config: dict, quantization: str = "auto") -> tuple[WorkerEngine, WorkerEngine]:
     """(the whole model, the rank's shard of it) from the same random weights."""
     state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=1)
     state = {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}  # lively outputs
     config = ModelConfig.from_hf(hf_config)
     layout = ShardLayout(config, group.rank, group.world_size)
-    worker_config = WorkerConfig(model="tiny")
+    worker_config = WorkerConfig(model="tiny", quantization=quantization)
     whole = WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
     shard = {name: layout.shard(name, tensor) for name, tensor in state.items()}
     return whole, WorkerEngine(worker_config, config, to_worker_layout(shard, config), group)
@@ -87,6 +87,30 @@ def _check_rank(group) -> None:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_model_matches_the_whole_one(world_size):
     run_on_ranks(_check_rank, world_size)
+
+
+def _check_fp8_rank(group) -> None:
+    """Each rank quantizes its own shards: a column-parallel row keeps the whole row's scale (the same projection
+    rows as the whole model's), a row-parallel shard gets scales of its own columns (a close sum)."""
+    hf_config = {**_TINY, **_ODD, **FAMILIES["qwen2"], "num_attention_heads": 6, "num_key_value_heads": 2}
+    whole, sharded = _engines(group, hf_config, quantization="fp8")
+    layout = ShardLayout(whole.model_config, group.rank, group.world_size)
+    whole_qkv, shard_qkv = (engine.model.layers[0].self_attn.qkv_proj for engine in (whole, sharded))
+    q_rows = slice(layout.q_heads.start * 8, layout.q_heads.stop * 8)
+    assert shard_qkv.weight.dtype == whole_qkv.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(shard_qkv.weight_scale[:q_rows.stop - q_rows.start], whole_qkv.weight_scale[q_rows])
+    x = torch.randn(5, hf_config["hidden_size"])
+    torch.testing.assert_close(sharded.ops.linear(x, shard_qkv)[:, :q_rows.stop - q_rows.start],
+                               whole.ops.linear(x, whole_qkv)[:, q_rows])
+    gated = torch.randn(5, len(layout.intermediate))
+    whole_gated = torch.zeros(5, hf_config["intermediate_size"])
+    whole_gated[:, layout.intermediate.start:layout.intermediate.stop] = gated
+    torch.testing.assert_close(sharded.model.layers[0].mlp.down(gated), whole.model.layers[0].mlp.down(
+        group.all_reduce(whole_gated)), rtol=0.1, atol=0.1)
+
+
+def test_fp8_shards_are_quantized_with_their_rows():
+    run_on_ranks(_check_fp8_rank, 2)
 
 
 def test_sizes_that_do_not_divide_the_heads_are_refused():

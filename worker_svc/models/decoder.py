@@ -7,8 +7,16 @@ import torch
 from torch import nn
 
 from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.fp8 import Fp8Linear
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import ArchitectureTraits
+
+
+def linear_layer(config: ModelConfig, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
+    """A decoder layer's projection: FP8 weights when the model is quantized, else the model dtype's."""
+    if config.quantization == "fp8":
+        return Fp8Linear(in_features, out_features, bias)
+    return nn.Linear(in_features, out_features, bias=bias)
 
 
 class RMSNorm(nn.Module):
@@ -18,11 +26,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.ops = ops
 
-    def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Linear, gated: bool = False,
+    def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module, gated: bool = False,
                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm(x + residual)), x + residual): the norm with the projection that reads it (residual None: x
         alone); `gated` applies the MLP's silu(gate) * up to the projection."""
-        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias, gated, out_dtype)
+        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear, gated, out_dtype)
 
 
 class Attention(nn.Module):
@@ -31,8 +39,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=traits.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = linear_layer(config, config.hidden_size, self.q_size + 2 * self.kv_size, traits.qkv_bias)
+        self.o_proj = linear_layer(config, self.q_size, config.hidden_size)
         # the per-head q/k norms' weights, applied inside ops.prepare_qkv (modules for the checkpoint names)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
@@ -49,7 +57,7 @@ class Attention(nn.Module):
         q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
                                  value_cache, meta.slot_mapping)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale)
-        return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj.weight)
+        return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -57,12 +65,12 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig, ops):
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = linear_layer(config, config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = linear_layer(config, config.intermediate_size, config.hidden_size)
         self.ops = ops
 
     def down(self, gated: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(gated, self.down_proj.weight)
+        return self.ops.linear(gated, self.down_proj)
 
 
 class DecoderLayer(nn.Module):

@@ -19,6 +19,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
+    quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (fp8.py)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

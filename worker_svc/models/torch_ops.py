@@ -1,11 +1,17 @@
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.fp8 import FP8, Fp8Gemm, emulated_fp8_linear
 
 
 class TorchOps:
-    """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path."""
+    """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path. Linear layers are
+    nn.Linear or fp8.Fp8Linear modules; fp8_gemm computes the latter."""
+
+    def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear):
+        self.fp8_gemm = fp8_gemm
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -17,18 +23,19 @@ class TorchOps:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
-    @staticmethod
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, weight, bias)
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        if layer.weight.dtype == FP8:
+            return self.fp8_gemm(x, layer.weight, layer.weight_scale, layer.bias)
+        return F.linear(x, layer.weight, layer.bias)
 
-    def norm_linear(self, x, residual, norm_weight, eps, weight, bias=None, gated=False, out_dtype=None):
+    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
         """(linear(rmsnorm(x + residual)), x + residual), or with residual None (linear(rmsnorm(x)), x); `gated`
         applies silu_and_mul to the projection, out_dtype converts the result."""
         if residual is None:
             h, residual = self.rms_norm(x, norm_weight, eps), x
         else:
             h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
-        y = self.linear(h, weight, bias)
+        y = self.linear(h, layer)
         if gated:
             y = self.silu_and_mul(y)
         return (y if out_dtype is None else y.to(out_dtype)), residual

@@ -1,7 +1,9 @@
 import torch
+from torch import nn
 
 import kernels
 from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.fp8 import FP8
 from worker_svc.models.torch_ops import TorchOps
 
 
@@ -9,10 +11,14 @@ def _is_one_row(x: torch.Tensor) -> bool:
     return x.shape[0] == 1
 
 
+def _weight_scale(layer: nn.Module) -> torch.Tensor | None:
+    return layer.weight_scale if layer.weight.dtype == FP8 else None
+
+
 class TritonOps(TorchOps):
     """The GPU path: TorchOps' operator interface on the Triton kernels. Linear layers of one row (batch-1 decode)
-    run as fused weight streams (kernels.fused_linear); larger ones compose the norm and gate kernels around
-    cuBLAS."""
+    run as fused weight streams (kernels.fused_linear, which reads FP8 weights as they are stored); larger ones
+    compose the norm and gate kernels around cuBLAS (or the FP8 GEMM)."""
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -21,17 +27,17 @@ class TritonOps(TorchOps):
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
         return kernels.fused_add_rms_norm(x, residual, weight, eps)
 
-    @staticmethod
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         if _is_one_row(x):
-            return kernels.fused_linear(x, weight, bias)[0]
-        return TorchOps.linear(x, weight, bias)
+            return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer))[0]
+        return super().linear(x, layer)
 
-    def norm_linear(self, x, residual, norm_weight, eps, weight, bias=None, gated=False, out_dtype=None):
+    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
         if not _is_one_row(x):
-            return super().norm_linear(x, residual, norm_weight, eps, weight, bias, gated, out_dtype)
-        y, new_residual = kernels.fused_linear(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                                               gated=gated, out_dtype=out_dtype)
+            return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype)
+        y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
+                                               norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
+                                               out_dtype=out_dtype)
         return y, x if residual is None else new_residual
 
     @staticmethod

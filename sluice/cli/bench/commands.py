@@ -114,8 +114,9 @@ def _offline_engine(args, enable_prefix_caching: bool):
     from worker_svc.engine import WorkerEngine
 
     worker = WorkerEngine.load(WorkerConfig(
-        model=str(args.model), load_format=args.load_format, dtype=args.dtype, device=args.device,
-        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
+        model=str(args.model), load_format=args.load_format, dtype=args.dtype, quantization=args.quantization,
+        device=args.device, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager, kernels=args.kernels))
     return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,

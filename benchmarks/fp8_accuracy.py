@@ -1,0 +1,47 @@
+"""FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
+fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON.
+Run from the repository root: python benchmarks/fp8_accuracy.py [--model DIR] [--tokens 40] [--dtype float32]."""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from sluice.cli.model_store import default_model
+from tests.e2e.test_greedy_matches_hf import PROMPTS
+from tests.worker.stepping import prompt_logits, run_greedy
+from tests.worker.test_fp8_accuracy import TEXT, _log_likelihood
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    model = str(args.model or default_model())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device,
+                                                 quantization=quantization)) for quantization in ("auto", "fp8"))
+    prompts = [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]]
+    greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
+    ids = tokenizer(TEXT).input_ids
+    logits = [prompt_logits(engine, ids).float().cpu() for engine in (exact, fp8)]
+    cosine = F.cosine_similarity(*logits, dim=-1)
+    kl = F.kl_div(torch.log_softmax(logits[1], -1), torch.log_softmax(logits[0], -1), log_target=True,
+                  reduction="none").sum(-1)
+    likelihoods = [_log_likelihood(l, ids) for l in logits]
+    print(json.dumps({
+        "greedy_identical": sum(a == b for a, b in zip(*greedy)), "prompts": len(prompts), "tokens": args.tokens,
+        "first_difference": [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(*greedy)],
+        "log_likelihood": likelihoods, "log_likelihood_relative_change": likelihoods[1] / likelihoods[0] - 1,
+        "logit_cosine_mean": cosine.mean().item(), "logit_cosine_min": cosine.min().item(),
+        "kl_mean": kl.mean().item(), "kl_max": kl.max().item()}))
+
+
+if __name__ == "__main__":
+    main()

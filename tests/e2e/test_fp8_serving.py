@@ -1,0 +1,29 @@
+"""`sluice worker --quantization fp8` through the real services: the worker serves the FP8 model, token for token
+what the same engine generates in process."""
+import pytest
+
+from sluice.client import sampling_params
+from sluice.v1 import generation_pb2 as pb
+from tests.e2e.services import running_services
+from tests.worker.stepping import run_greedy
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Once upon a time, in a small village,"
+MAX_TOKENS = 12
+
+
+def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, hf_tokenizer):
+    prompt_ids = hf_tokenizer(PROMPT).input_ids
+    engine = WorkerEngine.load(WorkerConfig(model=str(default_model_dir), quantization="fp8"))
+    expected = run_greedy(engine, [prompt_ids], MAX_TOKENS, chunk=1000)[0]
+    unquantized = run_greedy(WorkerEngine.load(WorkerConfig(model=str(default_model_dir))), [prompt_ids], MAX_TOKENS,
+                             chunk=1000)[0]
+    assert expected != unquantized  # this prompt tells the two models apart
+    with running_services(default_model_dir, worker_args=["--quantization", "fp8"]) as services:
+        result = services.client.generate(pb.GenerateRequest(
+            tokens=pb.TokenIds(ids=prompt_ids),
+            sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
+    assert list(result.token_ids) == expected

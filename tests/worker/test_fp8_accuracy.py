@@ -1,0 +1,38 @@
+"""SmolLM2-135M's real weights in FP8 (the CPU's emulated GEMM) against the same model unquantized."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.e2e.test_greedy_matches_hf import PROMPTS
+from tests.worker.stepping import prompt_logits, run_greedy
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is the capital of "
+        "Germany. Water boils at one hundred degrees Celsius at sea level.")
+
+
+@pytest.fixture(scope="module")
+def engines(default_model_dir):
+    return (WorkerEngine.load(WorkerConfig(model=str(default_model_dir))),
+            WorkerEngine.load(WorkerConfig(model=str(default_model_dir), quantization="fp8")))
+
+
+def _log_likelihood(logits: torch.Tensor, ids: list[int]) -> float:
+    return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
+
+
+def test_logits_stay_close(engines, hf_tokenizer):
+    ids = hf_tokenizer(TEXT).input_ids
+    exact, fp8 = (prompt_logits(engine, ids) for engine in engines)
+    assert engines[1].model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert F.cosine_similarity(exact, fp8, dim=-1).mean() >= 0.98
+    kl = F.kl_div(torch.log_softmax(fp8, -1), torch.log_softmax(exact, -1), log_target=True, reduction="none")
+    assert kl.sum(-1).mean() < 0.2
+    assert abs(_log_likelihood(fp8, ids) / _log_likelihood(exact, ids) - 1) < 0.1
+
+
+def test_greedy_starts_the_same(engines, hf_tokenizer):
+    prompts = [hf_tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]]
+    exact, fp8 = (run_greedy(engine, prompts, 3, chunk=1000) for engine in engines)
+    assert sum(a == b for a, b in zip(exact, fp8)) >= 8

@@ -1,0 +1,77 @@
+"""FP8 linear layers: e4m3 weights with one float32 scale per output channel, activations quantized per token.
+
+y = (x_q * x_scale) @ (w_q * w_scale).T + bias, accumulated in float32. On a device with FP8 GEMMs (CUDA compute
+capability 8.9 and up) the product runs in torch._scaled_mm; on the CPU the same arithmetic is emulated in float32.
+"""
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+_MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of zero
+QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+class Fp8Linear(nn.Module):
+    """weight: [out, in] e4m3; weight_scale: [out] float32, so that weight * weight_scale[:, None] is the real one."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8), requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None]: each row's absolute maximum maps to FP8_MAX."""
+    x32 = x.float()
+    scale = (x32.abs().amax(dim=-1) / FP8_MAX).clamp_min(_MIN_SCALE)
+    return (x32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (x_q.float() * scale[:, None]).to(dtype)
+
+
+def emulated_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    """torch._scaled_mm's arithmetic in float32: the CPU path and the reference of the FP8 GEMM."""
+    x_q, x_scale = quantize_rows(x)
+    y = (x_q.float() @ weight.float().T) * x_scale[:, None] * weight_scale[None, :]
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def scaled_mm_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+    """The FP8 GEMM: row-wise scales (per token x per channel), bf16 out (what row-wise scaling supports)."""
+    x_q, x_scale = quantize_rows(x)
+    y = torch._scaled_mm(x_q, weight.T, scale_a=x_scale[:, None], scale_b=weight_scale[None, :],
+                         out_dtype=torch.bfloat16)
+    return (y if bias is None else y + bias).to(x.dtype)
+
+
+def fp8_gemm_for(device: torch.device) -> Fp8Gemm:
+    """The FP8 GEMM of a device: emulated on the CPU, torch._scaled_mm on a GPU that has FP8; any other device
+    fails here, at start."""
+    if device.type == "cpu":
+        return emulated_fp8_linear
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        return scaled_mm_fp8_linear
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    raise RuntimeError(f"quantization fp8 needs FP8 GEMMs (CUDA compute capability 8.9+, e.g. Ada or Hopper) or the "
+                       f"CPU's emulation; {device} ({name}) has neither")
+
+
+def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The worker-layout state with every decoder linear layer's weight in e4m3 plus its per-channel weight_scale;
+    weights already in FP8 (a pre-quantized checkpoint) are kept as they are."""
+    quantized = dict(state)
+    for name, tensor in state.items():
+        if name.removesuffix(".weight").endswith(QUANTIZED_LINEARS) and name.endswith(".weight") \
+                and tensor.dtype != FP8:
+            quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
+    return quantized
