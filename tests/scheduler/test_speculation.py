@@ -57,7 +57,9 @@ def test_proposer_ignores_matches_across_token_boundaries():
 
 
 def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps():
-    requests = lambda: [make_request(f"r{i}", _prompt(20 + i), max_tokens=30 + i) for i in range(4)]  # noqa: E731
+    def requests():
+        return [make_request(f"r{i}", _prompt(20 + i), max_tokens=30 + i) for i in range(4)]
+
     plain, plain_steps, _ = _run(requests())
     speculative, speculative_steps, scheduler = _run(requests(), **SPECULATION)
     assert speculative == plain
@@ -72,9 +74,9 @@ def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps():
 def test_a_stop_token_among_accepted_proposals_ends_the_request_there():
     unstopped = _run([make_request("r", _prompt(20), max_tokens=40)])[0]["r"]
     stop_token = next(token for i, token in enumerate(unstopped) if i >= 6 and token not in unstopped[:i])
-    requests = lambda: [make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])]  # noqa: E731
-    plain, _, _ = _run(requests())
-    speculative, _, scheduler = _run(requests(), **SPECULATION)
+    plain, _, _ = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])])
+    speculative, _, scheduler = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])],
+                                     **SPECULATION)
     assert speculative == plain and plain["r"] == unstopped[:unstopped.index(stop_token) + 1]
     assert scheduler.get_load().num_accepted_tokens > 0
 
@@ -103,7 +105,7 @@ def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache()
     first = make_request("first", _prompt(9), max_tokens=40)
     scheduler.add_request(first)
     while scheduler.has_unfinished_requests():
-        plan, _ = step(scheduler, worker)
+        step(scheduler, worker)
         if first.status.name == "RUNNING" and not first.num_output_placeholders:
             assert scheduler.block_manager.num_blocks("first") == -(-first.num_computed_tokens // 4)
     assert scheduler.get_load().num_draft_tokens > scheduler.get_load().num_accepted_tokens > 0
@@ -114,7 +116,9 @@ def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache()
 
 
 def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact():
-    requests = lambda: [make_request(f"r{i}", _prompt(10 + i), max_tokens=24) for i in range(6)]  # noqa: E731
+    def requests():
+        return [make_request(f"r{i}", _prompt(10 + i), max_tokens=24) for i in range(6)]
+
     plain, _, _ = _run(requests())
     speculative, _, scheduler = _run(requests(), num_blocks=14, **SPECULATION)
     assert speculative == plain

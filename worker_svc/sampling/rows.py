@@ -163,6 +163,10 @@ class SamplingRows:
             ones = torch.ones_like(token_ids, dtype=torch.int32)
             self._output_counts.index_put_((index, token_ids), ones, accumulate=True)
 
+    def count_accepted(self, index: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Counts the accepted proposals of each row in `index` as output tokens (record counts the sampled one)."""
+        self._ints[:, _I["num_output"]].index_add_(0, index, num_accepted)
+
     def _flush(self) -> None:
         if self._staged:
             rows = upload(list(self._staged), torch.int64, self.device)
