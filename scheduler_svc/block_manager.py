@@ -58,6 +58,9 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_blocks(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ()))
+
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self._tables.get(request_id, ())]
 
@@ -141,6 +144,14 @@ class BlockManager:
     def take_kv_events(self) -> list[KvEvent]:
         """The stored and removed events since the last call, in the order they happened."""
         return self.kv_events.take()
+
+    def free_past_computed(self, request: Request) -> None:
+        """Releases the blocks past the request's computed tokens (slots it reserved for proposals it rejected)."""
+        table = self._tables.get(request.request_id)
+        num_kept = self.num_blocks_for(request.num_computed_tokens)
+        if table and len(table) > num_kept:
+            self.pool.free(table[num_kept:][::-1])
+            del table[num_kept:]
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first so a shared prefix outlives its tails in the cache. Idempotent."""

@@ -1,4 +1,6 @@
 """The scheduler's Prometheus series (vLLM names): queues, KV cache, prefix cache, tokens, preemptions, outcomes."""
+from itertools import zip_longest
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler_svc.outputs import LoadSnapshot
@@ -35,7 +37,19 @@ class SchedulerMetrics:
                           ["model_name", "finished_reason"], registry=registry)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)
                                 for reason in FINISHED_REASONS}
+        self.spec_decode_num_drafts = series(Counter, "vllm:spec_decode_num_drafts",
+                                             "Request-steps with speculative proposals.")
+        self.spec_decode_num_draft_tokens = series(Counter, "vllm:spec_decode_num_draft_tokens",
+                                                   "Proposed (draft) tokens.")
+        self.spec_decode_num_accepted_tokens = series(Counter, "vllm:spec_decode_num_accepted_tokens",
+                                                      "Proposed tokens the model accepted.")
+        self._accepted_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted proposals by their position in the proposal.",
+            ["model_name", "position"], registry=registry)
+        self._model_name = model_name
         self._counted_queries = self._counted_hits = self._counted_preemptions = 0
+        self._counted_spec = (0, 0, 0)
+        self._counted_per_position: list[int] = []
 
     def observe_load(self, load: LoadSnapshot, num_prefix_query_tokens: int, num_prefix_hit_tokens: int) -> None:
         usage = load.num_used_blocks / load.num_total_blocks if load.num_total_blocks else 0.0
@@ -49,3 +63,15 @@ class SchedulerMetrics:
         self._counted_queries = num_prefix_query_tokens
         self._counted_hits = num_prefix_hit_tokens
         self._counted_preemptions = load.num_preemptions
+        self._observe_speculation(load)
+
+    def _observe_speculation(self, load: LoadSnapshot) -> None:
+        counted = (load.num_drafts, load.num_draft_tokens, load.num_accepted_tokens)
+        for series, now, before in zip((self.spec_decode_num_drafts, self.spec_decode_num_draft_tokens,
+                                        self.spec_decode_num_accepted_tokens), counted, self._counted_spec):
+            series.inc(now - before)
+        self._counted_spec = counted
+        per_position = load.num_accepted_tokens_per_position
+        for position, (now, before) in enumerate(zip_longest(per_position, self._counted_per_position, fillvalue=0)):
+            self._accepted_per_position.labels(model_name=self._model_name, position=str(position)).inc(now - before)
+        self._counted_per_position = list(per_position)

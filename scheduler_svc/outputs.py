@@ -1,5 +1,5 @@
 """What the scheduler reports to the router: per-request token deltas and the replica's load."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
@@ -33,3 +33,8 @@ class LoadSnapshot:
     num_total_blocks: int
     prefix_cache_hit_rate: float  # hit tokens / queried tokens since start
     num_preemptions: int  # since start
+    # speculative decoding, since start
+    num_drafts: int = 0  # request-steps with proposals
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_position: list[int] = field(default_factory=list)  # index 0: the first proposed token

@@ -12,6 +12,7 @@ from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.parallel_sampling import SampleGroups, split_samples
 from scheduler_svc.request import Request, RequestStatus
 from scheduler_svc.request_queue import WaitingQueue, policy_key
+from scheduler_svc.speculation import SpecDecodeStats, Speculation
 from scheduler_svc.stop_check import check_stop
 from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.finish_reason import FinishReason
@@ -29,6 +30,7 @@ class _StepDraft:
     running: dict[str, tuple[Request, list[int]]] = field(default_factory=dict)  # id -> (request, new block ids)
     new_requests: list[NewRequest] = field(default_factory=list)
     forked: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # sample id -> its block copies
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its proposals
     preempted: bool = False
 
 
@@ -48,6 +50,7 @@ class Scheduler:
         self._worker_dropped_ids: list[str] = []  # finished or preempted since the last plan
         self._next_step_id = 0
         self._in_flight: deque[int] = deque()  # ids of the steps sent and not yet applied, oldest first
+        self.speculation = Speculation(config) if config.speculative_method is not None else None
 
     # -- requests in and out
 
@@ -147,12 +150,14 @@ class Scheduler:
             new_requests=draft.new_requests + [self._new_request(request, request.num_computed_tokens,
                                                                  self.block_manager.block_ids(request.request_id))
                                                for request in forked],
-            cached_requests=[CachedRequest(request_id, new_block_ids, request.num_computed_tokens)
+            cached_requests=[CachedRequest(request_id, new_block_ids, request.num_computed_tokens,
+                                           self.block_manager.num_blocks(request_id))
                              for request_id, (request, new_block_ids) in draft.running.items()
                              if request_id not in draft.forked],
             num_scheduled_tokens=draft.num_scheduled_tokens,
             finished_request_ids=self._worker_dropped_ids,
             block_copies=[copy for request in forked for copy in draft.forked[request.request_id]],
+            spec_token_ids=draft.spec_token_ids,
         )
         self._worker_dropped_ids = []
         self._next_step_id += 1
@@ -165,7 +170,8 @@ class Scheduler:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests[request_id]
             request.num_computed_tokens += num_tokens
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            num_proposed = len(plan.spec_token_ids.get(request_id, ()))
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + num_proposed:
                 request.num_output_placeholders += 1
 
     def update_from_outcome(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestUpdate]:
@@ -186,6 +192,9 @@ class Scheduler:
                 continue  # finished (aborted, expired) or preempted since the step was planned
             prompt_logprobs = self._unsent_prompt_logprobs(request, chunk_starts[request_id],
                                                            outcome.prompt_logprobs.get(request_id))
+            accepted = outcome.accepted_token_ids.get(request_id, [])
+            if request_id in plan.spec_token_ids:
+                self._drop_rejected(request, len(plan.spec_token_ids[request_id]), len(accepted))
             self.block_manager.cache_full_blocks(request)
             token_id = sampled.get(request_id)
             if token_id is None:
@@ -193,13 +202,26 @@ class Scheduler:
                     updates.append(self._update(request, [], prompt_logprobs=prompt_logprobs))
                 continue
             request.num_output_placeholders -= 1
+            new_token_ids = self._append_until_stop(request, [*accepted, token_id], request_id in grammar_completed)
+            updates.append(self._update(request, new_token_ids, outcome.logprobs.get(request_id), prompt_logprobs))
+        return updates
+
+    def _drop_rejected(self, request: Request, num_proposed: int, num_accepted: int) -> None:
+        """The KV of rejected proposals is not kept: their slots go back, and so does a block left holding none."""
+        self.speculation.stats.record(num_proposed, num_accepted)
+        request.num_computed_tokens -= num_proposed - num_accepted
+        self.block_manager.free_past_computed(request)
+
+    def _append_until_stop(self, request: Request, token_ids: list[int], grammar_completed: bool) -> list[int]:
+        """Appends the step's tokens up to the first that stops the request (which ends it); returns those taken."""
+        for num_taken, token_id in enumerate(token_ids, 1):
             request.append_output_token(token_id)
-            reason = FinishReason.STOP if request_id in grammar_completed \
+            reason = FinishReason.STOP if grammar_completed \
                 else check_stop(request, self.eos_token_ids, self.config.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
-            updates.append(self._update(request, [token_id], outcome.logprobs.get(request_id), prompt_logprobs))
-        return updates
+                return token_ids[:num_taken]
+        return token_ids
 
     def _fail_grammar_errors(self, plan: StepPlan, errors: dict[str, str]) -> list[RequestUpdate]:
         """Ends each request whose constraint the worker could not continue with INVALID_ARGUMENT; its token of
@@ -234,6 +256,7 @@ class Scheduler:
 
     def get_load(self) -> LoadSnapshot:
         blocks = self.block_manager
+        spec = self.speculation.stats if self.speculation is not None else SpecDecodeStats()
         return LoadSnapshot(
             num_running=len(self._running),
             num_waiting=len(self._waiting),
@@ -242,6 +265,10 @@ class Scheduler:
             num_total_blocks=blocks.num_total_blocks,
             prefix_cache_hit_rate=blocks.prefix_cache_hit_rate,
             num_preemptions=self.num_preemptions,
+            num_drafts=spec.num_drafts,
+            num_draft_tokens=spec.num_draft_tokens,
+            num_accepted_tokens=spec.num_accepted_tokens,
+            num_accepted_tokens_per_position=list(spec.num_accepted_per_position),
         )
 
     def get_request(self, request_id: str) -> Request | None:
@@ -264,14 +291,24 @@ class Scheduler:
                              draft.token_budget)
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
             return
-        while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens)) is None:
+        speculation = self.speculation
+        if speculation is not None and speculation.holds_back(request):
+            return
+        proposals = [] if speculation is None else speculation.propose(request, draft.token_budget)
+        while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + len(proposals))) is None:
+            if proposals:  # no room for the proposals: the request decodes without them rather than preempt
+                proposals = []
+                continue
             victim = self._running[-1]
             self._preempt(victim, draft)
             if victim is request:
                 return
+        num_new_tokens += len(proposals)
         draft.token_budget -= num_new_tokens
         draft.num_scheduled_tokens[request.request_id] = num_new_tokens
         draft.running[request.request_id] = (request, new_block_ids)
+        if proposals:
+            draft.spec_token_ids[request.request_id] = proposals
 
     def _schedule_waiting(self, draft: _StepDraft) -> None:
         blocks = self.block_manager
@@ -341,6 +378,7 @@ class Scheduler:
         num_scheduled = draft.num_scheduled_tokens.pop(request.request_id, 0)
         draft.token_budget += num_scheduled
         draft.running.pop(request.request_id, None)
+        draft.spec_token_ids.pop(request.request_id, None)
         draft.preempted = True
 
     def _is_live(self, request: Request) -> bool:
@@ -355,6 +393,8 @@ class Scheduler:
         self.block_manager.free(request)
         request.finish(reason)
         del self._requests[request.request_id]
+        if self.speculation is not None:
+            self.speculation.proposer.forget(request.request_id)
         for orphan in self._sample_groups.forget(request):
             self._waiting.push(orphan)
 

@@ -28,6 +28,8 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
     num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
     remaining SchedulerConfig fields. Not ready until every worker is connected, nor while one is lost (then its
     methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
+    if len(worker_addresses) > 1 and scheduler_options.get("speculative_method"):
+        raise ValueError("speculative decoding needs an unsharded worker (tensor-parallel size 1)")
     async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:
         port = await service.start(address)
         worker = WorkerGroup([WorkerClient(worker_address) for worker_address in worker_addresses])

@@ -68,4 +68,6 @@ def load_to_pb(load: LoadSnapshot) -> scheduler_pb2.Load:
     return scheduler_pb2.Load(
         num_running=load.num_running, num_waiting=load.num_waiting, num_used_blocks=load.num_used_blocks,
         num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
-        prefix_cache_hit_rate=load.prefix_cache_hit_rate, num_preemptions=load.num_preemptions)
+        prefix_cache_hit_rate=load.prefix_cache_hit_rate, num_preemptions=load.num_preemptions,
+        num_draft_tokens=load.num_draft_tokens, num_accepted_tokens=load.num_accepted_tokens,
+        num_accepted_tokens_per_position=load.num_accepted_tokens_per_position)

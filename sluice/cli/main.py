@@ -143,7 +143,9 @@ def _scheduler(args) -> None:
         args.worker.split(","), args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
-        max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens))
+        max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
+        speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
+        ngram_min=args.ngram_min, ngram_max=args.ngram_max))
 
 
 def _add_router(commands) -> None:

@@ -38,6 +38,12 @@ def add_scheduler_options(parser) -> None:
                         help="requests that may wait; more get RESOURCE_EXHAUSTED")
     parser.add_argument("--max-waiting-tokens", type=int, default=4_000_000,
                         help="tokens the waiting requests may hold; more get RESOURCE_EXHAUSTED")
+    parser.add_argument("--speculative-method", choices=["ngram"],
+                        help="speculative decoding: ngram proposes the tokens that followed the newest tokens earlier "
+                             "in the prompt and output (prompt lookup); the model verifies them in one step")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="the most proposals per request-step")
+    parser.add_argument("--ngram-min", type=int, default=2, help="the shortest suffix ngram matches")
+    parser.add_argument("--ngram-max", type=int, default=4, help="the longest suffix ngram matches")
 
 
 def add_router_limit_options(parser) -> None:
@@ -58,7 +64,10 @@ def scheduler_flags(args) -> list[str]:
              "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
              "--max-model-len", str(args.max_model_len), "--policy", args.policy,
              "--max-waiting-requests", str(args.max_waiting_requests),
-             "--max-waiting-tokens", str(args.max_waiting_tokens)]
+             "--max-waiting-tokens", str(args.max_waiting_tokens),
+             "--num-speculative-tokens", str(args.num_speculative_tokens), "--ngram-min", str(args.ngram_min),
+             "--ngram-max", str(args.ngram_max),
+             *(["--speculative-method", args.speculative_method] if args.speculative_method else [])]
     return [*flags, "--no-prefix-caching"] if args.no_prefix_caching else flags
 
 

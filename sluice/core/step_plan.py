@@ -25,6 +25,7 @@ class CachedRequest:
     request_id: str
     new_block_ids: list[int]  # appended to the worker's copy of the block table
     num_computed_tokens: int  # tokens whose KV is in the cache before this step
+    num_blocks: int  # the table's length with the new blocks; blocks past it are dropped (rejected proposals')
 
 
 @dataclass(slots=True)
@@ -35,6 +36,9 @@ class StepPlan:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to compute, in batch order
     finished_request_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted since the last step
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) KV blocks to copy first
+    # request id -> proposed tokens (speculative decoding): the step computes the request's newest token and these
+    # after it, so that the target model verifies them all at once
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -53,3 +57,5 @@ class StepOutcome:
     prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the prompt tokens this step predicted
     grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete
     grammar_errors: dict[str, str] = field(default_factory=dict)  # request id -> why its constraint cannot go on
+    # request id -> the leading proposals it accepted, which come before its sampled token (a request with proposals)
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)

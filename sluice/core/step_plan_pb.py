@@ -22,20 +22,22 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
             new_block_counts=[len(r.new_block_ids) for r in cached],
             new_block_ids=[block for r in cached for block in r.new_block_ids],
             num_computed_tokens=[r.num_computed_tokens for r in cached],
+            num_blocks=[r.num_blocks for r in cached],
         ),
         scheduled_request_ids=list(plan.num_scheduled_tokens),
         num_scheduled_tokens=list(plan.num_scheduled_tokens.values()),
         finished_request_ids=plan.finished_request_ids,
         block_copy_sources=[source for source, _ in plan.block_copies],
         block_copy_destinations=[destination for _, destination in plan.block_copies],
+        spec_request_ids=list(plan.spec_token_ids),
+        spec_token_counts=[len(tokens) for tokens in plan.spec_token_ids.values()],
+        spec_token_ids=[token for tokens in plan.spec_token_ids.values() for token in tokens],
     )
 
 
 def plan_from_pb(message: pb.StepRequest) -> StepPlan:
     cached = message.cached_requests
-    ends = list(accumulate(cached.new_block_counts))
-    starts = [0, *ends[:-1]]
-    block_ids = list(cached.new_block_ids)
+    new_block_ids = _unpack(cached.request_ids, cached.new_block_counts, cached.new_block_ids)
     return StepPlan(
         step_id=message.step_id,
         new_requests=[
@@ -44,12 +46,14 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
             for r in message.new_requests
         ],
         cached_requests=[
-            CachedRequest(request_id, block_ids[start:end], computed)
-            for request_id, start, end, computed in zip(cached.request_ids, starts, ends, cached.num_computed_tokens)
+            CachedRequest(request_id, new_block_ids[request_id], computed, num_blocks)
+            for request_id, computed, num_blocks in zip(cached.request_ids, cached.num_computed_tokens,
+                                                        cached.num_blocks)
         ],
         num_scheduled_tokens=dict(zip(message.scheduled_request_ids, message.num_scheduled_tokens)),
         finished_request_ids=list(message.finished_request_ids),
         block_copies=list(zip(message.block_copy_sources, message.block_copy_destinations)),
+        spec_token_ids=_unpack(message.spec_request_ids, message.spec_token_counts, message.spec_token_ids),
     )
 
 
@@ -61,6 +65,9 @@ def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
         prompt_logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.prompt_logprobs.items()},
         grammar_completed_request_ids=outcome.grammar_completed_request_ids,
         grammar_errors=outcome.grammar_errors,
+        accepted_request_ids=list(outcome.accepted_token_ids),
+        accepted_token_counts=[len(tokens) for tokens in outcome.accepted_token_ids.values()],
+        accepted_token_ids=[token for tokens in outcome.accepted_token_ids.values() for token in tokens],
     )
 
 
@@ -71,4 +78,13 @@ def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
         prompt_logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.prompt_logprobs.items()},
         grammar_completed_request_ids=list(message.grammar_completed_request_ids),
         grammar_errors=dict(message.grammar_errors),
+        accepted_token_ids=_unpack(message.accepted_request_ids, message.accepted_token_counts,
+                                   message.accepted_token_ids),
     )
+
+
+def _unpack(request_ids, counts, values) -> dict[str, list[int]]:
+    """request_ids[i] -> the next counts[i] of values, in order."""
+    ends = list(accumulate(counts))
+    values = list(values)
+    return {request_id: values[end - count:end] for request_id, count, end in zip(request_ids, counts, ends)}

@@ -2,6 +2,7 @@
 step-plan contract, plus builders for requests and schedulers."""
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler_svc.config import SchedulerConfig
@@ -45,13 +46,15 @@ class FakeWorker:
     was written there, so a prefix hit that hands out wrong blocks, or a write into a shared block, is caught.
     Requests that ask for prompt logprobs get one entry (the predicted prompt token, logprob 0) per prompt position
     a step computes. A constrained request's sample reports, with grammar_error_probability, that its constraint
-    cannot go on, as the worker does when no token continues it."""
+    cannot go on, as the worker does when no token continues it. With a `model` (the next token of a context) the
+    worker samples what it says and accepts proposals as a greedy model does: while each is the model's next token."""
 
     block_size: int
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     eos_probability: float = 0.0
     grammar_error_probability: float = 0.0
     vocab: int = 50
+    model: Callable[[list[int]], int] | None = None
     requests: dict[str, _WorkerRequest] = field(default_factory=dict)
     kv: dict[int, list[int | None]] = field(default_factory=dict)
     sampled_log: dict[str, list[int]] = field(default_factory=dict)  # every token sampled, per request id
@@ -76,12 +79,16 @@ class FakeWorker:
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             assert cached.num_computed_tokens == state.num_computed_tokens
-            state.block_ids += cached.new_block_ids
+            assert cached.num_blocks - len(cached.new_block_ids) <= len(state.block_ids)
+            state.block_ids = state.block_ids[:cached.num_blocks - len(cached.new_block_ids)] + cached.new_block_ids
+        sampled, accepted = {}, {}
         holders = Counter(block for state in self.requests.values() for block in state.block_ids)
-        sampled, prompt_logprobs, grammar_errors = {}, {}, {}
+        prompt_logprobs, grammar_errors = {}, {}
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             assert num_tokens > 0
             state = self.requests[request_id]
+            proposals = plan.spec_token_ids.get(request_id, [])
+            inputs = state.token_ids + proposals
             predicted = state.token_ids[state.num_computed_tokens + 1:
                                         min(state.num_computed_tokens + num_tokens + 1, state.num_prompt_tokens)]
             if state.prompt_logprobs and predicted:
@@ -89,19 +96,34 @@ class FakeWorker:
             for pos in range(state.num_computed_tokens, state.num_computed_tokens + num_tokens):
                 block = state.block_ids[pos // self.block_size]
                 assert holders[block] == 1, f"write into block {block} shared by {holders[block]} requests"
-                self.kv.setdefault(block, [None] * self.block_size)[pos % self.block_size] = state.token_ids[pos]
+                self.kv.setdefault(block, [None] * self.block_size)[pos % self.block_size] = inputs[pos]
             state.num_computed_tokens += num_tokens
-            assert state.num_computed_tokens <= len(state.token_ids)
-            if state.num_computed_tokens == len(state.token_ids):
-                token = self.sample()
+            assert state.num_computed_tokens <= len(inputs)
+            if state.num_computed_tokens == len(inputs):
+                accepted[request_id] = self._accepted(state.token_ids, proposals)
+                state.token_ids += accepted[request_id]
+                state.num_computed_tokens -= len(proposals) - len(accepted[request_id])
+                token = self.sample(state.token_ids)
                 state.token_ids.append(token)
                 sampled[request_id] = token
-                self.sampled_log.setdefault(request_id, []).append(token)
+                self.sampled_log.setdefault(request_id, []).extend([*accepted[request_id], token])
                 if state.constrained and self.rng.random() < self.grammar_error_probability:
                     grammar_errors[request_id] = "no token continues it"
-        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs, grammar_errors=grammar_errors)
+        accepted = {request_id: tokens for request_id, tokens in accepted.items() if request_id in plan.spec_token_ids}
+        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs, grammar_errors=grammar_errors,
+                           accepted_token_ids=accepted)
 
-    def sample(self) -> int:
+    def _accepted(self, context: list[int], proposals: list[int]) -> list[int]:
+        taken = []
+        for token in proposals:
+            if self.model is None or self.model(context + taken) != token:
+                break
+            taken.append(token)
+        return taken
+
+    def sample(self, context: list[int]) -> int:
+        if self.model is not None:
+            return self.model(context)
         if self.rng.random() < self.eos_probability:
             return EOS
         return self.rng.randrange(1, self.vocab)

@@ -10,7 +10,8 @@ def test_plan_round_trip():
                             presence_penalty=0.5, logit_bias={3: -1.5}, stop=["END"], logprobs=2, prompt_logprobs=0,
                             choice=["a", "b"])
     plan = StepPlan(4, [NewRequest("x#1", [1, 2, 3], [5, 6], 2, params, num_output_tokens=1)],
-                    [CachedRequest("y", [8], 10)], {"x#1": 1, "y": 1}, ["z"], block_copies=[(6, 9), (2, 3)])
+                    [CachedRequest("y", [8], 10, 3), CachedRequest("w", [], 4, 1)], {"x#1": 1, "y": 3, "w": 1}, ["z"],
+                    block_copies=[(6, 9), (2, 3)], spec_token_ids={"y": [11, 12], "w": []})
     assert plan_from_pb(plan_to_pb(plan)) == plan
 
 
@@ -18,5 +19,6 @@ def test_outcome_round_trip():
     logprobs = Logprobs(2, [7], [-0.5], [1], [7, 8], [-0.5, -1.5])
     prompt_logprobs = Logprobs(0, [1, 2], [-1.0, -2.0], [3, 4])
     outcome = StepOutcome(4, {"x": 7, "y": 3}, logprobs={"x": logprobs}, prompt_logprobs={"y": prompt_logprobs},
-                          grammar_completed_request_ids=["y"], grammar_errors={"x": "no token continues it"})
+                          grammar_completed_request_ids=["y"], grammar_errors={"x": "no token continues it"},
+                          accepted_token_ids={"y": [], "x": [5, 6]})
     assert outcome_from_pb(outcome_to_pb(outcome)) == outcome

@@ -25,7 +25,7 @@ def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: i
         scheduled = {rid: min(chunk, num_tokens[rid] - computed[rid]) for rid in requests}
         new = [NewRequest(rid, tokens, blocks[rid], 0, SamplingParams(temperature=0.0))
                for rid, tokens in requests.items() if step == 0]
-        cached = [] if step == 0 else [CachedRequest(rid, [], computed[rid]) for rid in requests]
+        cached = [] if step == 0 else [CachedRequest(rid, [], computed[rid], len(blocks[rid])) for rid in requests]
         outcome = engine.execute(StepPlan(step, new, cached, scheduled))
         for rid, n in scheduled.items():
             computed[rid] += n

@@ -21,7 +21,7 @@ def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_
     while computed < len(prompt):
         num_tokens = min(5, len(prompt) - computed)
         new = [NewRequest("r", prompt, list(range(8)), 0, params)] if step == 0 else []
-        cached = [] if step == 0 else [CachedRequest("r", [], computed)]
+        cached = [] if step == 0 else [CachedRequest("r", [], computed, 8)]
         outcome = engine.execute(StepPlan(step, new, cached, {"r": num_tokens}))
         received.append(outcome.prompt_logprobs["r"])
         computed, step = computed + num_tokens, step + 1

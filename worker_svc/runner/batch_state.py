@@ -1,4 +1,5 @@
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -51,6 +52,7 @@ class BatchState:
             self._append_blocks(state, new.block_ids)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
+            state.num_blocks = cached.num_blocks - len(cached.new_block_ids)  # drops a tail of rejected proposals
             self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
@@ -64,9 +66,11 @@ class BatchState:
             state.sampled_step, state.sampled_row = plan.step_id, row
 
     @staticmethod
-    def resolve(sampled: list[RequestState], token_ids: list[int]) -> None:
-        """A launched step finished: its sampled tokens join the requests' token lists (also those dropped since)."""
-        for state, token_id in zip(sampled, token_ids):
+    def resolve(sampled: list[RequestState], token_ids: list[int], accepted: list[list[int]] | None = None) -> None:
+        """A launched step finished: its sampled tokens, after the proposals each request accepted, join the
+        requests' token lists (also those dropped since)."""
+        for state, token_id, accepted_ids in zip(sampled, token_ids, accepted or repeat(())):
+            state.token_ids += accepted_ids
             state.token_ids.append(token_id)
             state.num_unresolved -= 1
 

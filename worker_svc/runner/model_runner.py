@@ -22,7 +22,7 @@ class LaunchedStep:
     step_id: int
     sample: DeviceSample | None = None
     sampled: list[RequestState] = field(default_factory=list)  # the requests that sampled, in sample order
-    host_token_ids: torch.Tensor | None = None
+    host_token_ids: torch.Tensor | None = None  # the sampled tokens, then, with proposals, each one's accepted count
     copied: torch.cuda.Event | None = None
     prompt_logprobs: LogprobTensors | None = None
     outcome: StepOutcome | None = None
@@ -70,10 +70,12 @@ class ModelRunner:
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         query_lens = list(plan.num_scheduled_tokens.values())
-        rows = logits_rows(request_ids, states, query_lens)
+        proposals = plan.spec_token_ids
+        rows = logits_rows(request_ids, states, query_lens, proposals)
         inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
-                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous)
-        num_samples = len(rows.sample_request_ids)
+                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous,
+                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
+        num_samples = rows.num_sample_rows
         if rows.prompt_groups:
             x, residual = self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache,
                                                    self.kv_caches, inputs.meta, inputs.logits_indices)
@@ -82,17 +84,19 @@ class ModelRunner:
         else:
             logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
             prompt_logprobs = None
-        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows)
+        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows, proposals)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
         step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
+        results = sample.token_ids if sample.num_accepted is None else torch.cat([sample.token_ids,
+                                                                                   sample.num_accepted])
         if self.device.type == "cuda":
-            step.host_token_ids = sample.token_ids.to("cpu", non_blocking=True)
+            step.host_token_ids = results.to("cpu", non_blocking=True)
             step.copied = torch.cuda.Event()
             step.copied.record()
         else:
-            step.host_token_ids = sample.token_ids
+            step.host_token_ids = results
         self._unfinished.append(step)
         return step
 
@@ -101,13 +105,16 @@ class ModelRunner:
         while step.outcome is None:
             oldest = self._unfinished.popleft()
             oldest.wait()
-            token_ids = oldest.host_token_ids.tolist()
-            self.batch.resolve(oldest.sampled, token_ids)
-            result = self.sampler.finish(oldest.sample, token_ids)
+            results = oldest.host_token_ids.tolist()
+            token_ids, num_accepted = results[:len(oldest.sampled)], results[len(oldest.sampled):]
+            result = self.sampler.finish(oldest.sample, token_ids, num_accepted)
+            accepted = result.accepted_token_ids
+            self.batch.resolve(oldest.sampled, token_ids,
+                               [accepted.get(r, ()) for r in oldest.sample.request_ids] if accepted else None)
             prompt_logprobs = {} if oldest.prompt_logprobs is None else oldest.prompt_logprobs.lists()
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
                                          prompt_logprobs, result.grammar_completed_request_ids,
-                                         result.grammar_errors)
+                                         result.grammar_errors, accepted)
         return step.outcome
 
     def _prompt_logprobs(self, x: torch.Tensor, residual: torch.Tensor, rows: LogitsRows) -> LogprobTensors | None:

@@ -11,8 +11,9 @@ class DriverSampler(StepSampler):
         super().__init__(*args, **kwargs)
         self.group = group
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
-        sample = super().sample(logits, request_ids, rows)
+    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
+               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
+        sample = super().sample(logits, request_ids, rows, spec_token_ids)
         if request_ids:
             self.group.broadcast_from_driver(sample.token_ids)
         return sample
@@ -41,14 +42,15 @@ class FollowerSampler:
     def apply(self, plan) -> None:
         pass
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
+    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
+               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
         token_ids = torch.empty(len(request_ids), dtype=torch.int64, device=logits.device)
         if request_ids:
             self.group.broadcast_from_driver(token_ids)
         return DeviceSample(request_ids, token_ids)
 
     @staticmethod
-    def finish(sample: DeviceSample, token_ids: list[int]) -> SampleResult:
+    def finish(sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
         return SampleResult({})
 
     @staticmethod

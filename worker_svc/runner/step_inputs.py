@@ -4,7 +4,7 @@ A request's newest token may still be unresolved (sampled by the step before, no
 taken on the device from that step's sampled tokens, so a step never waits for the one before it.
 """
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import torch
@@ -45,7 +45,9 @@ class StepInputBuilder:
         self._turn = 0
 
     def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
-              sampling_rows: list[int], previous: SampledTokens | None) -> StepInputs:
+              sampling_rows: list[int], previous: SampledTokens | None,
+              proposals: list[list[int]] | None = None) -> StepInputs:
+        """proposals: each request's proposed tokens, computed after its newest token (speculative decoding)."""
         n = len(states)
         starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n)
         lens = np.asarray(query_lens, dtype=np.int64)
@@ -57,7 +59,8 @@ class StepInputBuilder:
             seq_index, query_pos = np.arange(n), np.zeros(n, dtype=np.int64)
         else:
             input_ids = np.fromiter(chain.from_iterable(
-                _chunk(s, start, length) for s, start, length in zip(states, starts.tolist(), query_lens)),
+                _chunk(s, start, length, proposed)
+                for s, start, length, proposed in zip(states, starts.tolist(), query_lens, proposals or repeat(()))),
                 np.int64, num_tokens)
             seq_index = np.repeat(np.arange(n), lens)
             query_pos = np.arange(num_tokens) - query_start_loc[:-1][seq_index]
@@ -121,8 +124,10 @@ def _token_or_unresolved(state: RequestState) -> int:
     return state.token_ids[index] if index < len(state.token_ids) else -1
 
 
-def _chunk(state: RequestState, start: int, length: int) -> list[int]:
+def _chunk(state: RequestState, start: int, length: int, proposals) -> list[int]:
     tokens = state.token_ids[start:start + length]
+    if proposals:
+        tokens = [*tokens, *proposals]
     return tokens if len(tokens) == length else tokens + [-1] * (length - len(tokens))
 
 

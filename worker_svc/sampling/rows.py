@@ -172,6 +172,10 @@ class SamplingRows:
         if self._history is not None:
             self._history.record(index, token_ids)
 
+    def count_accepted(self, index: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Counts the accepted proposals of each row in `index` as output tokens (record counts the sampled one)."""
+        self._ints[:, _I["num_output"]].index_add_(0, index, num_accepted)
+
     def _flush(self) -> None:
         if self._staged:
             rows = upload(list(self._staged), torch.int64, self.device)

@@ -7,6 +7,7 @@ from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import StepPlan
 from worker_svc.sampling.ops import sample as sample_tokens
 from worker_svc.sampling.rows import SamplingRows
+from worker_svc.sampling.speculative import ProposalRows, verify_rows
 from worker_svc.sampling.structured_output import GrammarMatchers
 from worker_svc.sampling.token_logprobs import LogprobTensors, token_logprobs
 from worker_svc.sampling.upload import upload
@@ -19,6 +20,8 @@ class DeviceSample:
     request_ids: list[str]
     token_ids: torch.Tensor  # [len(request_ids)] int64
     logprobs: LogprobTensors | None = None
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # the proposals the step verified
+    num_accepted: torch.Tensor | None = None  # [len(request_ids)] int64, with proposals: how many each accepted
 
 
 @dataclass(slots=True)
@@ -27,6 +30,7 @@ class SampleResult:
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     grammar_completed_request_ids: list[str] = field(default_factory=list)
     grammar_errors: dict[str, str] = field(default_factory=dict)
+    accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 class StepSampler:
@@ -50,39 +54,57 @@ class StepSampler:
             self.rows.add(new.request_id, params, seed, prompt_ids, output_ids)
             self.grammars.add(new.request_id, params, output_ids)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor) -> DeviceSample:
+    def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
+               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
         """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, left as they are;
-        rows: the requests' SamplingRows indices, on the device."""
-        tensors = self.rows.gather(request_ids, rows)
-        grammar_allowed = self.grammars.allowed_tokens(request_ids)
+        rows: the requests' SamplingRows indices, on the device. With proposals (spec_token_ids), a request with k
+        of them has k + 1 rows of logits in `logits`, and the step verifies them (speculative.py)."""
+        spec = ProposalRows.of(request_ids, spec_token_ids, self.rows.device) if spec_token_ids else None
+        row_ids = request_ids if spec is None else spec.row_request_ids
+        tensors = self.rows.gather(row_ids, rows if spec is None else rows[spec.row_request])
+        grammar_allowed = self.grammars.allowed_tokens(row_ids)
         if grammar_allowed is not None:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
-        token_ids = sample_tokens(logits, tensors)
+        num_accepted = None
+        if spec is None:
+            token_ids = sample_tokens(logits, tensors)
+        else:
+            token_ids, num_accepted = verify_rows(logits, tensors, spec)
+            self.rows.count_accepted(rows, num_accepted)
         self.rows.record(rows, token_ids)
-        return DeviceSample(request_ids, token_ids, self._logprobs(logits, request_ids, token_ids))
+        logprobs = self._logprobs(logits, request_ids, token_ids, None if spec is None else spec.first_rows)
+        return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted)
 
-    def finish(self, sample: DeviceSample, token_ids: list[int]) -> SampleResult:
-        """The host side once the sampled tokens (`token_ids`, in sample order) have arrived."""
+    def finish(self, sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
+        """The host side once the sampled tokens (`token_ids`, in sample order) and, with proposals, how many of
+        them each request accepted have arrived."""
         completed = self.grammars.advance(sample.request_ids, token_ids)
         result = SampleResult(dict(zip(sample.request_ids, token_ids)), grammar_completed_request_ids=completed,
                               grammar_errors=self.grammars.take_errors())
+        proposals = sample.spec_token_ids
+        result.accepted_token_ids = {request_id: proposals[request_id][:count]
+                                     for request_id, count in zip(sample.request_ids, num_accepted)
+                                     if request_id in proposals}
         if sample.logprobs is not None:
             result.logprobs = sample.logprobs.lists()
         return result
 
-    def _logprobs(self, logits: torch.Tensor, request_ids: list[str],
-                  token_ids: torch.Tensor) -> LogprobTensors | None:
-        """Of the rows that asked: straight from the logits when every row did, else from a copy of those rows."""
+    def _logprobs(self, logits: torch.Tensor, request_ids: list[str], token_ids: torch.Tensor,
+                  first_rows: list[int] | None) -> LogprobTensors | None:
+        """Of the rows that asked: straight from the logits when every row did and none verified proposals, else
+        from a copy of those rows (first_rows: each request's row of logits, with proposals)."""
         asked = [(i, request_id, self.rows.params(request_id).logprobs) for i, request_id in enumerate(request_ids)]
         asked = [(i, request_id, num_top) for i, request_id, num_top in asked if num_top is not None]
         if not asked:
             return None
         groups = [(request_id, 1, num_top) for _, request_id, num_top in asked]
         num_top = max(num_top for _, _, num_top in asked)
-        if len(asked) == len(request_ids):
+        if len(asked) == len(request_ids) and first_rows is None:
             return token_logprobs(logits, token_ids, groups, num_top)
-        index = upload([i for i, _, _ in asked], torch.int64, logits.device)
-        return token_logprobs(logits[index], token_ids[index], groups, num_top)
+        requests = [i for i, _, _ in asked]
+        logit_rows = requests if first_rows is None else [first_rows[i] for i in requests]
+        return token_logprobs(logits[upload(logit_rows, torch.int64, logits.device)],
+                              token_ids[upload(requests, torch.int64, logits.device)], groups, num_top)
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> LogprobTensors | None:

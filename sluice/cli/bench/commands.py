@@ -120,7 +120,9 @@ def _offline_engine(args, enable_prefix_caching: bool):
         enforce_eager=args.enforce_eager, kernels=args.kernels))
     return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                         enable_prefix_caching=enable_prefix_caching)
+                         enable_prefix_caching=enable_prefix_caching, speculative_method=args.speculative_method,
+                         num_speculative_tokens=args.num_speculative_tokens, ngram_min=args.ngram_min,
+                         ngram_max=args.ngram_max)
 
 
 def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:

@@ -1,0 +1,138 @@
+"""Speculative decoding in the scheduler: ngram proposals, the steps that carry them, and the bookkeeping of what the
+worker accepted (tokens, KV slots, prefix-cache hashes), against the fake worker's token-level KV cache."""
+import pytest
+
+from scheduler_svc.ngram_proposer import NgramProposer
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
+
+SPECULATION = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
+
+
+def _cycling_model(context: list[int]) -> int:
+    """A deterministic model that mostly repeats a cycle of 12 tokens (so ngram proposals are often right) and
+    breaks it at every 7th position (so some are rejected)."""
+    last = context[-1]
+    return 1 + (last * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
+
+
+def _outputs(updates) -> dict[str, list[int]]:
+    outputs = {}
+    for update in updates:
+        outputs.setdefault(update.request_id, []).extend(update.new_token_ids)
+    return outputs
+
+
+def _run(requests, num_blocks: int = 64, **config):
+    scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, **config)
+    worker = FakeWorker(block_size=4, model=_cycling_model)
+    for request in requests:
+        scheduler.add_request(request)
+    updates, steps = run_to_completion(scheduler, worker)
+    assert scheduler.block_manager.num_used_blocks == 0
+    return _outputs(updates), steps, scheduler
+
+
+def _prompt(length: int) -> list[int]:
+    tokens = [3]
+    while len(tokens) < length:
+        tokens.append(_cycling_model(tokens))
+    return tokens
+
+
+def test_proposer_takes_the_longest_and_latest_match():
+    proposer = NgramProposer(ngram_min=1, ngram_max=3)
+    request = make_request("r", [5, 6, 7, 1, 9, 6, 7, 2, 3, 6, 7], max_tokens=8)
+    assert proposer.propose(request, 3) == [2, 3, 6]  # "6 7" last seen before "2"; no earlier "3 6 7"
+    request.append_output_token(2)
+    assert proposer.propose(request, 2) == [3, 6]  # "6 7 2" matches now, the longest
+    request.append_output_token(8)
+    assert proposer.propose(request, 4) == []  # 8 never occurred before
+
+
+def test_proposer_ignores_matches_across_token_boundaries():
+    """As int32 bytes, [2**24 + 2**16, 0] holds 257's bytes at an offset that is not a token boundary."""
+    proposer = NgramProposer(ngram_min=1, ngram_max=1)
+    assert proposer.propose(make_request("a", [2**24 + 2**16, 0, 5, 257]), 2) == []
+    assert proposer.propose(make_request("b", [257, 9, 2**24 + 2**16, 0, 5, 257]), 2) == [9, 2**24 + 2**16]
+
+
+def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps():
+    def requests():
+        return [make_request(f"r{i}", _prompt(20 + i), max_tokens=30 + i) for i in range(4)]
+
+    plain, plain_steps, _ = _run(requests())
+    speculative, speculative_steps, scheduler = _run(requests(), **SPECULATION)
+    assert speculative == plain
+    assert all(len(plain[f"r{i}"]) == 30 + i for i in range(4))
+    assert speculative_steps < plain_steps
+    load = scheduler.get_load()
+    assert 0 < load.num_accepted_tokens < load.num_draft_tokens  # some proposals were rejected
+    assert load.num_accepted_tokens_per_position[0] >= load.num_accepted_tokens_per_position[-1] > 0
+    assert sum(load.num_accepted_tokens_per_position) == load.num_accepted_tokens
+
+
+def test_a_stop_token_among_accepted_proposals_ends_the_request_there():
+    unstopped = _run([make_request("r", _prompt(20), max_tokens=40)])[0]["r"]
+    stop_token = next(token for i, token in enumerate(unstopped) if i >= 6 and token not in unstopped[:i])
+    plain, _, _ = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])])
+    speculative, _, scheduler = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])],
+                                     **SPECULATION)
+    assert speculative == plain and plain["r"] == unstopped[:unstopped.index(stop_token) + 1]
+    assert scheduler.get_load().num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 13])
+def test_never_proposes_past_max_tokens_or_the_model_length(max_tokens):
+    scheduler = make_scheduler(num_blocks=64, block_size=4, max_model_len=40, **SPECULATION)
+    worker = FakeWorker(block_size=4, model=_cycling_model)
+    scheduler.add_request(make_request("short", _prompt(20), max_tokens=max_tokens))
+    scheduler.add_request(make_request("long", _prompt(30), max_tokens=10))  # up to the model length
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        for request_id, proposals in plan.spec_token_ids.items():
+            request = scheduler.get_request(request_id)
+            assert request.num_output_tokens + 1 + len(proposals) <= request.sampling_params.max_tokens
+            assert request.num_tokens + 1 + len(proposals) <= 40
+        scheduler.update_from_outcome(plan, worker.execute(plan))
+    assert {rid: len(tokens) for rid, tokens in worker.sampled_log.items()} == {"short": max_tokens, "long": 10}
+
+
+def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache():
+    """After each step every running request holds exactly the blocks of its computed tokens, and a second request
+    whose prompt is the first's prompt and output hits its cached blocks, whose KV the fake worker checks."""
+    scheduler = make_scheduler(num_blocks=64, block_size=4, **SPECULATION)
+    worker = FakeWorker(block_size=4, model=_cycling_model)
+    first = make_request("first", _prompt(9), max_tokens=40)
+    scheduler.add_request(first)
+    while scheduler.has_unfinished_requests():
+        step(scheduler, worker)
+        if first.status.name == "RUNNING" and not first.num_output_placeholders:
+            assert scheduler.block_manager.num_blocks("first") == -(-first.num_computed_tokens // 4)
+    assert scheduler.get_load().num_draft_tokens > scheduler.get_load().num_accepted_tokens > 0
+    second = make_request("second", first.all_token_ids + [1], max_tokens=4)
+    scheduler.add_request(second)
+    run_to_completion(scheduler, worker)
+    assert second.num_cached_tokens == (len(first.all_token_ids) // 4) * 4
+
+
+def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact():
+    def requests():
+        return [make_request(f"r{i}", _prompt(10 + i), max_tokens=24) for i in range(6)]
+
+    plain, _, _ = _run(requests())
+    speculative, _, scheduler = _run(requests(), num_blocks=14, **SPECULATION)
+    assert speculative == plain
+    assert scheduler.num_preemptions > 0
+
+
+def test_requests_that_cannot_speculate_get_no_proposals():
+    scheduler = make_scheduler(num_blocks=64, block_size=4, **SPECULATION)
+    worker = FakeWorker(block_size=4, model=_cycling_model)
+    for request_id, params in {"penalised": dict(presence_penalty=0.5), "logprobs": dict(logprobs=1),
+                               "bad_words": dict(bad_words_token_ids=[[4]]), "regex": dict(regex="a+")}.items():
+        scheduler.add_request(make_request(request_id, _prompt(20), max_tokens=20, **params))
+    proposed = set()
+    while scheduler.has_unfinished_requests():
+        plan, _ = step(scheduler, worker)
+        proposed |= set(plan.spec_token_ids)
+    assert proposed == set()
