@@ -1,6 +1,7 @@
 """The OpenAI API through a real smg process in front of the router's vLLM engine protocol, with the real `openai`
 client: what it answers matches the native API, every sampling control reaches the engine, a bad value is an HTTP
-400 that leaves Sluice healthy, and a client that goes away frees its KV blocks."""
+400 that leaves Sluice healthy, a client that goes away frees its KV blocks, and smg's trace continues in the spans
+of all three services."""
 import json
 import time
 
@@ -21,7 +22,8 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def gateway(services, default_model_dir):
     layout = GatewayLayout("127.0.0.1", *free_ports(2))
-    process = start_gateway(layout, [services.layout.router_address], default_model_dir)
+    tracing = ["--enable-trace", "--otlp-traces-endpoint", f"127.0.0.1:{services.collector.port}"]
+    process = start_gateway(layout, [services.layout.router_address], default_model_dir, tracing)
     try:
         wait_until_gateway_serves(layout, 60, process)
         yield layout
@@ -125,3 +127,15 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks(services, client):
     load = services.load()
     assert load.num_running == 0 and load.num_waiting == 0
     assert load.num_free_blocks == baseline
+
+
+def test_smgs_trace_continues_through_all_three_services(services, client):
+    before = {span.trace_id for span in services.collector.spans()}
+    _chat(client, temperature=0, max_tokens=4)
+    call = services.collector.wait_for_span(lambda span: span.service == "smg" and span.name == "grpc_execute"
+                                            and span.trace_id not in before)
+    spans = services.collector.wait_for_trace(call.trace_id, {"sluice-router", "sluice-scheduler", "sluice-worker"})
+    served = next(span for span in spans if span.name == "/vllm.grpc.engine.VllmEngine/Generate")
+    assert served.service == "sluice-router" and served.parent_span_id == call.span_id
+    assert {"sluice.scheduler.request", "sluice.worker.prefill"} <= {span.name for span in spans}
+

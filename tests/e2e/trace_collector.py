@@ -67,5 +67,13 @@ class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
                 return spans
             time.sleep(0.1)
 
+    def wait_for_span(self, matches, timeout: float = 20.0) -> CollectedSpan:
+        """The first exported span that `matches`."""
+        deadline = time.monotonic() + timeout
+        while not (found := [span for span in self.spans() if matches(span)]):
+            assert time.monotonic() < deadline, "no such span was exported"
+            time.sleep(0.1)
+        return found[0]
+
     def close(self) -> None:
         self._server.stop(0)
