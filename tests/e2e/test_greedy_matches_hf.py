@@ -5,7 +5,7 @@ import pytest
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.hf_reference import hf_greedy
 
-MAX_NEW_TOKENS = 40
+MAX_NEW_TOKENS = 32
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",

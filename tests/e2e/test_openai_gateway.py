@@ -4,6 +4,7 @@ client: what it answers matches the native API, every sampling control reaches t
 of all three services."""
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
@@ -52,10 +53,15 @@ def test_the_capital_of_france_is_paris_streamed_or_not(client):
 
 
 def test_greedy_text_through_smg_equals_the_native_api(services, client):
-    for prompt in PROMPTS[:4]:
+    def native(prompt: str) -> str:
+        return services.client.generate(chat_request(prompt, temperature=0.0, max_tokens=24)).text
+
+    def through_smg(prompt: str) -> str:
         messages = [{"role": "user", "content": prompt}]
-        native = services.client.generate(chat_request(prompt, temperature=0.0, max_tokens=24))
-        assert _chat(client, messages, temperature=0, max_tokens=24).choices[0].message.content == native.text
+        return _chat(client, messages, temperature=0, max_tokens=24).choices[0].message.content
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        assert list(pool.map(through_smg, PROMPTS)) == list(pool.map(native, PROMPTS))
 
 
 def test_two_samples_each_with_its_own_text_and_usage(client):
