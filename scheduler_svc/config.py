@@ -28,7 +28,8 @@ class SchedulerConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.speculative_method not in (None, *SPECULATIVE_METHODS):
-            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, got {self.speculative_method!r}")
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, "
+                             f"got {self.speculative_method!r}")
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -10,7 +10,7 @@ class WorkerConfig:
     model: str  # a Hugging Face folder, a .gguf file, or a shape name with load_format "dummy"
     load_format: str = "auto"  # "auto" (folder or .gguf) or "dummy" (random weights of a named shape)
     dtype: str = "float32"
-    quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (models/fp8.py)
+    quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (fp8.py)
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9

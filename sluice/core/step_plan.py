@@ -33,7 +33,7 @@ class StepPlan:
     step_id: int
     new_requests: list[NewRequest] = field(default_factory=list)
     cached_requests: list[CachedRequest] = field(default_factory=list)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to compute, in batch order
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # request id -> tokens to compute, batch order
     finished_request_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted since the last step
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, destination) KV blocks to copy first
     # request id -> proposed tokens (speculative decoding): the step computes the request's newest token and these

@@ -14,12 +14,18 @@ from sluice.cli.launcher import free_ports, stop_services
 pytestmark = pytest.mark.slow
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A test run in the background inherits SIGINT ignored, which Python would keep; a terminal's serve hears it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_serve_with_an_openai_port_answers_there_and_ctrl_c_stops_everything(default_model_dir):
     router_port, openai_port, openai_metrics_port = free_ports(3)
     gateway = GatewayLayout("127.0.0.1", openai_port, openai_metrics_port)
     serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
                               "--port", str(router_port), "--openai-port", str(gateway.port),
-                              "--openai-metrics-port", str(gateway.metrics_port), "--drain-timeout", "2"])
+                              "--openai-metrics-port", str(gateway.metrics_port), "--drain-timeout", "2"],
+                             preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         wait_until_gateway_serves(gateway, 300, serve)
         children = psutil.Process(serve.pid).children()
