@@ -2,7 +2,8 @@
 smg in front of it (`sluice serve --openai-port`), alternating, in one run:
 `python benchmarks/gateway_overhead.py --address 127.0.0.1:50051 --openai-url http://127.0.0.1:8000 --rounds 3
 --tokenizer-json MODEL/tokenizer.json [workload flags of sluice bench serve]`. Runs one warm-up round of each,
-then prints each round and the mean TTFT and inter-token gap of each front over all rounds and their difference: the overhead per request and per token."""
+then prints each round and the mean TTFT and inter-token gap of each front over all rounds and their difference:
+the overhead per request and per token."""
 import argparse
 import json
 import statistics
