@@ -1,6 +1,8 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
 fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON.
-Run from the repository root: python benchmarks/fp8_accuracy.py [--model DIR] [--tokens 40] [--dtype float32]."""
+Run from the repository root: python benchmarks/fp8_accuracy.py [--model DIR] [--tokens 40] [--dtype float32]; with
+--load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda) the prompts and the text are random token
+ids."""
 import argparse
 import json
 
@@ -22,14 +24,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--load-format", default="auto")
     args = parser.parse_args()
     model = str(args.model or default_model())
-    tokenizer = AutoTokenizer.from_pretrained(model)
     exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device,
-                                                 quantization=quantization)) for quantization in ("auto", "fp8"))
-    prompts = [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]]
+                                                 load_format=args.load_format, quantization=quantization))
+                  for quantization in ("auto", "fp8"))
+    prompts, ids = _token_ids(model, args.load_format, exact.model_config.vocab_size)
     greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
-    ids = tokenizer(TEXT).input_ids
     logits = [prompt_logits(engine, ids).float().cpu() for engine in (exact, fp8)]
     cosine = F.cosine_similarity(*logits, dim=-1)
     kl = F.kl_div(torch.log_softmax(logits[1], -1), torch.log_softmax(logits[0], -1), log_target=True,
@@ -41,6 +43,16 @@ def main() -> None:
         "log_likelihood": likelihoods, "log_likelihood_relative_change": likelihoods[1] / likelihoods[0] - 1,
         "logit_cosine_mean": cosine.mean().item(), "logit_cosine_min": cosine.min().item(),
         "kl_mean": kl.mean().item(), "kl_max": kl.max().item()}))
+
+
+def _token_ids(model: str, load_format: str, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    """The ten prompts and the scored text: the real ones through the model's tokenizer, random ids for dummy weights."""
+    if load_format == "dummy":
+        generator = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(vocab_size, (8 + 2 * i,), generator=generator).tolist() for i in range(10)]
+        return prompts, torch.randint(vocab_size, (64,), generator=generator).tolist()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]], tokenizer(TEXT).input_ids
 
 
 if __name__ == "__main__":

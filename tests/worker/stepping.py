@@ -41,12 +41,15 @@ def prompt_logits(engine: WorkerEngine, token_ids: list[int]) -> torch.Tensor:
     num_blocks = -(-n // BLOCK_SIZE)
     kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.config.torch_dtype,
                                   engine.device)
-    cos_sin_cache = build_cos_sin_cache(config.head_dim, n, config.rope_theta, config.rope_scaling, torch.float32)
-    positions = torch.arange(n)
-    meta = AttentionMetadata(slot_mapping=positions, query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-                             seq_lens=torch.tensor([n], dtype=torch.int32),
-                             block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
-                             token_seq_index=torch.zeros(n, dtype=torch.int64), token_query_pos=positions,
-                             max_query_len=n, max_seq_len=n)
+    device = engine.device
+    cos_sin_cache = build_cos_sin_cache(config.head_dim, n, config.rope_theta, config.rope_scaling,
+                                        torch.float32).to(device)
+    positions = torch.arange(n, device=device)
+    meta = AttentionMetadata(slot_mapping=positions, query_start_loc=torch.tensor([0, n], dtype=torch.int32,
+                                                                                  device=device),
+                             seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+                             block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
+                             token_seq_index=torch.zeros(n, dtype=torch.int64, device=device),
+                             token_query_pos=positions, max_query_len=n, max_seq_len=n)
     with torch.inference_mode():
-        return engine.model(torch.tensor(token_ids), positions, cos_sin_cache, kv_caches, meta, None)
+        return engine.model(torch.tensor(token_ids, device=device), positions, cos_sin_cache, kv_caches, meta, None)
