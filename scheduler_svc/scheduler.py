@@ -31,6 +31,7 @@ class _StepDraft:
     new_requests: list[NewRequest] = field(default_factory=list)
     forked: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # sample id -> its block copies
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its proposals
+    proposal_rows: int = 0  # how many more proposals the step may carry
     preempted: bool = False
 
 
@@ -139,7 +140,8 @@ class Scheduler:
         # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied).
         if len(self._in_flight) >= MAX_STEPS_IN_FLIGHT:
             raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
-        draft = _StepDraft(token_budget=self.config.max_num_batched_tokens)
+        draft = _StepDraft(token_budget=self.config.max_num_batched_tokens,
+                           proposal_rows=self.config.max_num_seqs - len(self._running))
         self._fork_ready_samples(draft)
         self._schedule_running(draft)
         if not draft.preempted:
@@ -164,6 +166,8 @@ class Scheduler:
         if plan.num_scheduled_tokens:
             self._advance(plan)
             self._in_flight.append(plan.step_id)
+            for request_id in plan.spec_token_ids:
+                self.speculation.launched(request_id)
         return plan
 
     def _advance(self, plan: StepPlan) -> None:
@@ -208,7 +212,7 @@ class Scheduler:
 
     def _drop_rejected(self, request: Request, num_proposed: int, num_accepted: int) -> None:
         """The KV of rejected proposals is not kept: their slots go back, and so does a block left holding none."""
-        self.speculation.stats.record(num_proposed, num_accepted)
+        self.speculation.verified(request.request_id, num_proposed, num_accepted)
         request.num_computed_tokens -= num_proposed - num_accepted
         self.block_manager.free_past_computed(request)
 
@@ -294,7 +298,8 @@ class Scheduler:
         speculation = self.speculation
         if speculation is not None and speculation.holds_back(request):
             return
-        proposals = [] if speculation is None else speculation.propose(request, draft.token_budget)
+        proposals = [] if speculation is None else speculation.propose(request, draft.token_budget,
+                                                                        draft.proposal_rows)
         while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + len(proposals))) is None:
             if proposals:  # no room for the proposals: the request decodes without them rather than preempt
                 proposals = []
@@ -309,6 +314,7 @@ class Scheduler:
         draft.running[request.request_id] = (request, new_block_ids)
         if proposals:
             draft.spec_token_ids[request.request_id] = proposals
+            draft.proposal_rows -= len(proposals)
 
     def _schedule_waiting(self, draft: _StepDraft) -> None:
         blocks = self.block_manager
@@ -379,6 +385,8 @@ class Scheduler:
         draft.token_budget += num_scheduled
         draft.running.pop(request.request_id, None)
         draft.spec_token_ids.pop(request.request_id, None)
+        if self.speculation is not None:
+            self.speculation.dropped(request.request_id)
         draft.preempted = True
 
     def _is_live(self, request: Request) -> bool:
@@ -394,7 +402,7 @@ class Scheduler:
         request.finish(reason)
         del self._requests[request.request_id]
         if self.speculation is not None:
-            self.speculation.proposer.forget(request.request_id)
+            self.speculation.forget(request.request_id)
         for orphan in self._sample_groups.forget(request):
             self._waiting.push(orphan)
 

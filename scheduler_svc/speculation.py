@@ -1,8 +1,11 @@
 """Speculative decoding in the scheduler: which requests get proposals, how many tokens, and the acceptance counts.
 
 A request with proposals in a step still in flight is not planned again until that step's outcome is applied: how
-many of its proposals the worker accepts decides where its next tokens go. Requests that cannot speculate keep the
-asynchronous schedule (their next step is planned while the last one runs)."""
+many of its proposals the worker accepts decides where its next tokens go. Every other request keeps the asynchronous
+schedule (its next step is planned while the last one runs) and may get proposals there too, made after guesses of the
+tokens that the steps in flight sample.
+A step carries proposals only while its rows (one per request, one per proposal) stay within max_num_seqs, so a
+decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
 
 from scheduler_svc.config import SchedulerConfig
@@ -25,11 +28,22 @@ class SpecDecodeStats:
             self.num_accepted_per_position[position] += 1
 
 
+MAX_SKIPS = 63  # the most chances to propose a request lets pass after proposals of which none was accepted
+
+
+@dataclass(slots=True)
+class _Misses:
+    count: int = 0  # verifications in a row that accepted nothing
+    skips_left: int = 0
+
+
 class Speculation:
     def __init__(self, config: SchedulerConfig):
         self.num_speculative_tokens = config.num_speculative_tokens
         self.proposer = NgramProposer(config.ngram_min, config.ngram_max)
         self.stats = SpecDecodeStats(num_accepted_per_position=[0] * config.num_speculative_tokens)
+        self._verifying: set[str] = set()  # requests with proposals in a step in flight
+        self._misses: dict[str, _Misses] = {}
 
     @staticmethod
     def applies_to(request: Request) -> bool:
@@ -41,14 +55,52 @@ class Speculation:
                 and params.logprobs is None and request.num_output_tokens >= params.min_tokens)
 
     def holds_back(self, request: Request) -> bool:
-        """Whether the request waits for its step in flight, so that its next step can carry proposals."""
-        return request.num_output_placeholders > 0 and self.applies_to(request)
+        """Whether the request waits for its step in flight: until the worker says how many of that step's
+        proposals it accepted, where the request's next tokens go is unknown."""
+        return request.request_id in self._verifying
 
-    def propose(self, request: Request, token_budget: int) -> list[int]:
-        """Proposals for a request whose next step computes its newest token; never past max_tokens, counting the
-        token the step samples after them (admission keeps prompt + max_tokens within the model length)."""
-        if request.num_tokens_to_compute != 1 or request.num_output_placeholders or not self.applies_to(request):
+    def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> list[int]:
+        """At most max_num_tokens proposals for a request whose next step computes its newest token; never past
+        max_tokens, counting the token the step samples after them (admission keeps prompt + max_tokens within the
+        model length). While steps in flight sample the request's newest tokens, the proposer's first guesses stand
+        for those and the rest are proposed after them: proposals are verified against the real tokens whatever
+        made them, so a wrong guess costs only their rejection."""
+        placeholders = request.num_output_placeholders
+        max_num_tokens = min(self.num_speculative_tokens, max_num_tokens, token_budget - 1,
+                             request.sampling_params.max_tokens - request.num_output_tokens - placeholders - 1)
+        if max_num_tokens <= 0 or request.num_tokens_to_compute != 1 or not self.applies_to(request) \
+                or self._skips(request.request_id):
             return []
-        max_num_tokens = min(self.num_speculative_tokens, token_budget - 1,
-                             request.sampling_params.max_tokens - request.num_output_tokens - 1)
-        return self.proposer.propose(request, max_num_tokens) if max_num_tokens > 0 else []
+        # each placeholder (the step's input token among them) is guessed: the proposals follow the last
+        return self.proposer.propose(request, placeholders + max_num_tokens)[placeholders:]
+
+    def launched(self, request_id: str) -> None:
+        self._verifying.add(request_id)
+
+    def verified(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
+        """A step's proposals for the request came back. After verifications in a row that accept nothing, the
+        request lets 1, 3, 7, ... (at most MAX_SKIPS) chances to propose pass: proposals cost a step's wait."""
+        self._verifying.discard(request_id)
+        self.stats.record(num_proposed, num_accepted)
+        if num_accepted:
+            self._misses.pop(request_id, None)
+            return
+        misses = self._misses.setdefault(request_id, _Misses())
+        misses.count += 1
+        misses.skips_left = min(2 ** misses.count - 1, MAX_SKIPS)
+
+    def dropped(self, request_id: str) -> None:
+        """The request's steps in flight no longer count (it was preempted)."""
+        self._verifying.discard(request_id)
+
+    def forget(self, request_id: str) -> None:
+        self._verifying.discard(request_id)
+        self._misses.pop(request_id, None)
+        self.proposer.forget(request_id)
+
+    def _skips(self, request_id: str) -> bool:
+        misses = self._misses.get(request_id)
+        if misses is None or not misses.skips_left:
+            return False
+        misses.skips_left -= 1
+        return True

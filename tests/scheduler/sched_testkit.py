@@ -1,7 +1,7 @@
 """Test harness for the scheduler: a fake worker that keeps a token-level model of the KV cache and checks the
 step-plan contract, plus builders for requests and schedulers."""
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -142,5 +142,21 @@ def run_to_completion(scheduler: Scheduler, worker: FakeWorker, max_steps: int =
     while scheduler.has_unfinished_requests():
         assert steps < max_steps, "no progress"
         updates += step(scheduler, worker)[1]
+        steps += 1
+    return updates, steps
+
+
+def run_ahead(scheduler: Scheduler, worker: FakeWorker, steps_in_flight: int, max_steps: int = 10_000):
+    """run_to_completion with up to steps_in_flight steps planned before the oldest one's outcome is applied, as
+    the engine loop plans them; the fake worker executes each plan as it is made."""
+    updates, steps, in_flight = [], 0, deque()
+    while scheduler.has_unfinished_requests() or in_flight:
+        assert steps < max_steps, "no progress"
+        while len(in_flight) < steps_in_flight and scheduler.has_unfinished_requests():
+            plan = scheduler.schedule()
+            if plan.is_empty:
+                break
+            in_flight.append((plan, worker.execute(plan)))
+        updates += scheduler.update_from_outcome(*in_flight.popleft())
         steps += 1
     return updates, steps

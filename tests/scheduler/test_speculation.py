@@ -3,7 +3,10 @@ worker accepted (tokens, KV slots, prefix-cache hashes), against the fake worker
 import pytest
 
 from scheduler_svc.ngram_proposer import NgramProposer
-from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
+from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
+from scheduler_svc.speculation import MAX_SKIPS
+from tests.scheduler.sched_testkit import (FakeWorker, make_request, make_scheduler, run_ahead, run_to_completion,
+                                          step)
 
 SPECULATION = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
 
@@ -22,12 +25,12 @@ def _outputs(updates) -> dict[str, list[int]]:
     return outputs
 
 
-def _run(requests, num_blocks: int = 64, **config):
+def _run(requests, num_blocks: int = 64, steps_in_flight: int = 1, model=_cycling_model, **config):
     scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, **config)
-    worker = FakeWorker(block_size=4, model=_cycling_model)
+    worker = FakeWorker(block_size=4, model=model)
     for request in requests:
         scheduler.add_request(request)
-    updates, steps = run_to_completion(scheduler, worker)
+    updates, steps = run_ahead(scheduler, worker, steps_in_flight)
     assert scheduler.block_manager.num_used_blocks == 0
     return _outputs(updates), steps, scheduler
 
@@ -136,3 +139,46 @@ def test_requests_that_cannot_speculate_get_no_proposals():
         plan, _ = step(scheduler, worker)
         proposed |= set(plan.spec_token_ids)
     assert proposed == set()
+
+
+def test_planned_ahead_requests_propose_after_guesses_and_keep_greedy_outputs():
+    """With steps planned while others run, a request whose newest tokens are still being sampled gets proposals
+    made after guesses of them; a wrong guess only gets its proposals rejected, and the outputs stay the greedy ones."""
+    def requests():
+        return [make_request(f"r{i}", _prompt(20 + i), max_tokens=40 + i) for i in range(4)]
+
+    plain, plain_steps, _ = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT)
+    speculative, steps, scheduler = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT, **SPECULATION)
+    assert speculative == plain and steps < plain_steps
+    load = scheduler.get_load()
+    assert 0 < load.num_accepted_tokens < load.num_draft_tokens
+
+
+def _never_repeating_model(context: list[int]) -> int:
+    """1 2 1 3 1 4 ...: after each 1 comes a token that never came before, so every proposal is wrong."""
+    return 1 if context[-1] != 1 else context.count(1) + 1
+
+
+def test_requests_whose_proposals_all_fail_propose_ever_less_often():
+    """Proposals cost a request a step's wait; after verifications that accept nothing a request lets 1, 3, 7, ...
+    chances to propose pass."""
+    outputs, _, scheduler = _run([make_request("r", [1, 2, 1, 3, 1], max_tokens=400)], num_blocks=128,
+                                 model=_never_repeating_model, **SPECULATION)
+    load = scheduler.get_load()
+    assert len(outputs["r"]) == 400 and load.num_accepted_tokens == 0
+    num_drafts = scheduler.speculation.stats.num_drafts
+    assert 0 < num_drafts <= 6 + 400 // (MAX_SKIPS + 1)
+
+
+def test_a_step_carries_proposals_only_while_its_rows_fit_max_num_seqs():
+    scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=6, **SPECULATION)
+    worker = FakeWorker(block_size=4, model=_cycling_model)
+    for i in range(4):
+        scheduler.add_request(make_request(f"r{i}", _prompt(20 + i), max_tokens=30))
+    proposed = 0
+    while scheduler.has_unfinished_requests():
+        plan, _ = step(scheduler, worker)
+        num_proposals = sum(map(len, plan.spec_token_ids.values()))
+        assert len(plan.num_scheduled_tokens) + num_proposals <= 6
+        proposed += num_proposals
+    assert proposed > 0

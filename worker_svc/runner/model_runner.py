@@ -82,7 +82,7 @@ class ModelRunner:
             logits = self.model.logits(x[:num_samples], residual[:num_samples])
             prompt_logprobs = self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows)
         else:
-            logits = self._forward(inputs, rows.token_indices == list(range(len(states))))
+            logits = self._forward(inputs, rows.token_indices == list(range(inputs.input_ids.shape[0])))
             prompt_logprobs = None
         sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows, proposals)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]

@@ -2,6 +2,10 @@
 
 A request's newest token may still be unresolved (sampled by the step before, not yet copied back): its input id is
 taken on the device from that step's sampled tokens, so a step never waits for the one before it.
+
+A step in which every request computes only its newest token and its proposals (speculative decoding) is laid out as
+a decode step of one row per token: row j of a request attends to its context up to that token, through the same
+block table. So it runs the decode attention kernel and replays a decode graph.
 """
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -73,6 +77,11 @@ class StepInputBuilder:
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         seq_lens = starts + lens
+        if proposals is not None and num_tokens > n and \
+                all(length == len(proposed) + 1 for length, proposed in zip(query_lens, proposals)):
+            tables, seq_lens = tables[seq_index], positions + 1
+            n, seq_index, query_pos = num_tokens, np.arange(num_tokens), np.zeros(num_tokens, dtype=np.int64)
+            query_start_loc, lens = np.arange(num_tokens + 1), np.ones(num_tokens, dtype=np.int64)
 
         self._turn ^= 1
         if self._uploaded[self._turn] is not None:
@@ -125,10 +134,10 @@ def _token_or_unresolved(state: RequestState) -> int:
 
 
 def _chunk(state: RequestState, start: int, length: int, proposals) -> list[int]:
+    """The chunk's input ids, -1 for the newest token while unresolved, then the proposals after it."""
+    length -= len(proposals)
     tokens = state.token_ids[start:start + length]
-    if proposals:
-        tokens = [*tokens, *proposals]
-    return tokens if len(tokens) == length else tokens + [-1] * (length - len(tokens))
+    return [*tokens, *[-1] * (length - len(tokens)), *proposals]
 
 
 def _previous_rows(states: list[RequestState], previous: SampledTokens | None) -> list[int]:
