@@ -1,7 +1,7 @@
 """Kernel tests run compiled on CUDA when a GPU is present, else in Triton's interpreter on the CPU.
 
 TRITON_INTERPRET must be set before any @triton.jit runs, so this file sets it before the test modules import
-`kernels`. Tests marked `gpu` use realistic (large) shapes and are skipped without CUDA.
+`kernels`. Tests marked `gpu` use realistic (large) shapes (tests/conftest.py skips them without CUDA).
 """
 import os
 
@@ -10,19 +10,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: realistic-shape kernel test, needs a CUDA device")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture
