@@ -7,7 +7,7 @@ import grpc
 from sluice.core.finish_reason_pb import finish_reason_from_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import generation_pb2 as pb
-from sluice.v1 import generation_pb2_grpc
+from sluice.v1 import generation_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 
 @dataclass(slots=True)
@@ -93,6 +93,12 @@ class SluiceClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def scheduler_load(address: str, timeout: float = 5.0) -> scheduler_pb2.Load:
+    """A scheduler's GetLoad (queue, KV blocks, speculative decoding's counts), from its own port."""
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        return scheduler_pb2_grpc.SchedulerStub(channel).GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout)
 
 
 def _add_chunk(result: Generation, chunk: pb.Chunk) -> None:

@@ -89,6 +89,7 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     from sluice.cli.bench.grpc_load import run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
     from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_serving
+    from sluice.client import scheduler_load
 
     layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
@@ -98,12 +99,20 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
         asyncio.run(run_load(layout.router_address, _warm_up(args)))
         services = dict(zip(("worker", "scheduler", "router"), (process.pid for process in processes)))
         cpu = ProcessCpu(services | {"client": os.getpid()})
+        before = scheduler_load(layout.scheduler_address)
         traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
         busy_cores = cpu.busy_cores(duration)
+        after = scheduler_load(layout.scheduler_address)
     finally:
         stop_services(processes)
     print(format_busy_cores(busy_cores))
-    return {"name": "sluice (gRPC stack)", **summarize(traces, duration), "busy_cores": busy_cores}
+    result = {"name": "sluice (gRPC stack)", **summarize(traces, duration), "busy_cores": busy_cores}
+    if args.speculative_method:
+        result["speculation"] = speculation = {name: getattr(after, name) - getattr(before, name)
+                                               for name in ("num_draft_tokens", "num_accepted_tokens")}
+        print(f"speculative decoding while timed: {speculation['num_accepted_tokens']} of "
+              f"{speculation['num_draft_tokens']} proposed tokens accepted")
+    return result
 
 
 def _offline_engine(args, enable_prefix_caching: bool):
