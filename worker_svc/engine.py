@@ -34,11 +34,12 @@ class WorkerEngine:
     def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor],
                  group: TensorParallelGroup | None = None):
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
-        weights.to_worker_layout). Quantization fp8 quantizes the rank's shards here, each row with its own scale."""
+        weights.to_worker_layout). Quantization fp8, the flag's or a pre-quantized checkpoint's, quantizes here the
+        rank's projections the state holds in a wider type, each row with its own scale (FP8 ones stay as they are)."""
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
-        if config.quantization == "fp8":
+        if "fp8" in (config.quantization, model_config.quantization):
             model_config, state = dataclasses.replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         self.model_config = model_config
         self.group = group

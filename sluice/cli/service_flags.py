@@ -12,7 +12,7 @@ def add_worker_options(parser) -> None:
     parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"],
                         help="fp8: the decoder layers' projections in e4m3 with per-channel scales, activations "
                              "quantized per token (a GPU needs compute capability 8.9+; the CPU emulates it); auto: "
-                             "as the checkpoint stores them")
+                             "as the checkpoint stores them (a pre-quantized FP8 folder is served in FP8)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)

@@ -1,10 +1,11 @@
-"""`sluice worker --quantization fp8` through the real services: the worker serves the FP8 model, token for token
-what the same engine generates in process."""
+"""`sluice worker --quantization fp8`, and a pre-quantized FP8 folder served as it is, through the real services: the
+worker serves the FP8 model, token for token what the same engine generates in process."""
 import pytest
 
 from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.services import running_services
+from tests.worker.fp8_checkpoints import write_fp8_checkpoint
 from tests.worker.stepping import run_greedy
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
@@ -27,3 +28,15 @@ def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, 
             tokens=pb.TokenIds(ids=prompt_ids),
             sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
     assert list(result.token_ids) == expected
+
+
+def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_model_dir, tmp_path, hf_tokenizer):
+    """No --quantization: the worker reads the folder's quantization_config; the router tokenizes with its tokenizer."""
+    folder = write_fp8_checkpoint(default_model_dir, tmp_path / "fp8", "compressed-tensors", "tensor")
+    expected = run_greedy(WorkerEngine.load(WorkerConfig(model=str(folder))), [hf_tokenizer(PROMPT).input_ids],
+                          MAX_TOKENS, chunk=1000)[0]
+    with running_services(folder) as services:
+        result = services.client.generate(pb.GenerateRequest(
+            text=PROMPT, sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
+    assert list(result.token_ids) == expected
+    assert result.text == hf_tokenizer.decode(expected)

@@ -1,9 +1,10 @@
 """Which slice of every weight one tensor-parallel rank holds (Megatron-style).
 
 Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head
-by vocabulary. Row-parallel (input columns split): o by q heads, down by the intermediate size. Norms are replicated
-(q/k norms are per head_dim, so every rank's heads share them). With fewer KV heads than ranks, each KV head is
-replicated on the ranks whose q heads read it.
+by vocabulary. Row-parallel (input columns split): o by q heads, down by the intermediate size. An FP8 weight's
+scale, one per output row, is split with a column-parallel weight's rows and kept whole with a row-parallel one.
+Norms are replicated (q/k norms are per head_dim, so every rank's heads share them). With fewer KV heads than ranks,
+each KV head is replicated on the ranks whose q heads read it.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ class ShardLayout:
         """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
         if self.world_size == 1:
             return None
+        if name.endswith(".weight_scale"):
+            rows = self.slice_of(name.removesuffix("_scale"))
+            return rows if rows is not None and rows.dim == 0 else None
         head_dim = self.config.head_dim
         if name.endswith(_Q_ROWS):
             return _rows(self.q_heads, head_dim)

@@ -1,9 +1,13 @@
-"""Weights from a Hugging Face folder (config.json + safetensors) or a GGUF file, renamed to the worker's layout."""
+"""Weights from a Hugging Face folder (config.json + safetensors, pre-quantized FP8 included) or a GGUF file, renamed
+to the worker's layout."""
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import torch
 
+from worker_svc.models.fp8_checkpoint import checkpoint_quantization, per_channel_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.shard_layout import ShardLayout, pad_shard
 
@@ -21,21 +25,23 @@ def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1) -> tuple[Mod
 
 
 def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Reads only the rank's slice of each sharded tensor from the files."""
+    """Reads only the rank's slice of each sharded tensor from the files. A quantization_config the worker cannot
+    load fails here, before any weight is read (fp8_checkpoint.py)."""
     from safetensors import safe_open
 
-    config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    hf_config = json.loads((folder / "config.json").read_text())
+    config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config))
     layout = ShardLayout(config, rank, world_size)
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
         with safe_open(shard, framework="pt") as file:
             for name in file.keys():
-                piece = layout.slice_of(name)
-                if piece is None:
+                part, piece = file.get_slice(name), layout.slice_of(name)
+                if piece is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
                     state[name] = file.get_tensor(name)
                 else:
                     index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
-                    state[name] = pad_shard(file.get_slice(name)[index], piece)
+                    state[name] = pad_shard(part[index], piece)
     if not state:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     return config, to_worker_layout(state, config)
@@ -54,11 +60,11 @@ def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dic
 
 
 def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    state = {name.removeprefix("model."): tensor for name, tensor in hf_state.items()}
+    state = {name.removeprefix("model."): tensor for name, tensor in per_channel_scales(hf_state).items()}
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}."
         for fused, parts in _FUSED.items():
-            for kind in ("weight", "bias"):
+            for kind in ("weight", "weight_scale", "bias"):
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in state:
                     state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(name) for name in names])

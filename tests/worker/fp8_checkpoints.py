@@ -1,0 +1,67 @@
+"""Pre-quantized FP8 folders of a float checkpoint, laid out as they are published on the Hugging Face hub: every
+projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) on its own, in e4m3 with its weight_scale,
+the embedding and the norms as they were, and the tokenizer files beside them."""
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from worker_svc.models.fp8 import quantize_rows
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read (it quantizes per token)
+
+
+def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str) -> Path:
+    """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []) or "compressed-tensors"
+    ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]);
+    strategy: "channel" (the rows and scales that `--quantization fp8` computes) or "tensor"."""
+    target.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
+            shutil.copy(path, target / path.name)
+    hf_config = json.loads((source / "config.json").read_text())
+    hf_config["quantization_config"] = _quantization_config(method, strategy)
+    (target / "config.json").write_text(json.dumps(hf_config, indent=2))
+    state = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if not name.removesuffix(".weight").endswith(PROJECTIONS):
+            state[name] = tensor
+            continue
+        weight, scale = quantize_rows(tensor) if strategy == "channel" else _quantize_tensor(tensor)
+        state[name], state[name + "_scale"] = weight, scale.reshape(_scale_shape(method, strategy, len(weight)))
+        if method == "fp8" or strategy == "tensor":  # a static activation scheme
+            input_scale = torch.full(_scale_shape(method, "tensor", 1), STATIC_INPUT_SCALE)
+            state[name.removesuffix("weight") + "input_scale"] = input_scale
+    save_file(state, target / "model.safetensors")
+    return target
+
+
+def _quantize_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, scale [1]): the whole tensor's absolute maximum maps to the e4m3 maximum."""
+    weight_q, scale = quantize_rows(weight.reshape(1, -1))
+    return weight_q.reshape(weight.shape), scale
+
+
+def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
+    if strategy == "tensor":
+        return () if method == "fp8" else (1,)
+    return (rows,) if method == "fp8" else (rows, 1)
+
+
+def _quantization_config(method: str, strategy: str) -> dict:
+    if method == "fp8":
+        return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+    static = strategy == "tensor"
+    return {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"], "kv_cache_scheme": None,
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor" if static else "token",
+                                  "symmetric": True, "dynamic": not static},
+        }},
+    }

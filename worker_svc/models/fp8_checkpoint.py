@@ -1,0 +1,80 @@
+"""Pre-quantized FP8 checkpoints, loaded as they are published: the `quantization_config` of a Hugging Face
+config.json, and their tensors in the layout of fp8.Fp8Linear.
+
+Two layouts load: quant_method "fp8" and compressed-tensors' 8-bit float weights ("float-quantized" or
+"naive-quantized"). Both store each projection's weight in e4m3 with a weight_scale per tensor ([] or [1]) or per
+output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. Activations are
+quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: a static
+input_scale is not read. Any other method or scheme (block-wise FP8, integer weights, a KV-cache scheme) fails at start,
+named in the error.
+"""
+from typing import NoReturn
+
+import torch
+
+_SUPPORTED = ("quant_method 'fp8' or 'compressed-tensors' with 8-bit float weights, one scale per tensor or per output "
+              "channel")
+_COMPRESSED_FORMATS = ("float-quantized", "naive-quantized")
+
+
+def checkpoint_quantization(hf_config: dict) -> str | None:
+    """"fp8" for a supported FP8 checkpoint, None for an unquantized one; a ValueError for anything else."""
+    quantization = hf_config.get("quantization_config")
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method")
+    if method == "fp8":
+        _check_fp8(quantization)
+    elif method == "compressed-tensors":
+        _check_compressed_tensors(quantization)
+    else:
+        _refuse(f"quant_method {method!r}")
+    if quantization.get("kv_cache_scheme"):
+        _refuse(f"{method} with kv_cache_scheme {quantization['kv_cache_scheme']!r}")
+    return "fp8"
+
+
+def per_channel_scales(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state with every weight_scale as float32 [rows of its weight] and without input scales."""
+    converted = {}
+    for name, tensor in state.items():
+        if name.endswith(".input_scale"):
+            continue
+        if name.endswith(".weight_scale"):
+            rows = state[name.removesuffix("_scale")].shape[0]
+            tensor = tensor.float().reshape(-1)
+            tensor = tensor.expand(rows).clone() if tensor.numel() == 1 else tensor.reshape(rows)
+        converted[name] = tensor
+    return converted
+
+
+def _check_fp8(quantization: dict) -> None:
+    if quantization.get("weight_block_size"):
+        _refuse(f"block-wise fp8 (weight_block_size {quantization['weight_block_size']})")
+    if quantization.get("fmt", "e4m3") != "e4m3":
+        _refuse(f"fp8 in {quantization['fmt']}")
+
+
+def _check_compressed_tensors(quantization: dict) -> None:
+    groups = quantization.get("config_groups") or {}
+    if not groups:
+        _refuse("compressed-tensors without config_groups")
+    for name, group in groups.items():
+        format_ = group.get("format") or quantization.get("format")
+        if format_ not in _COMPRESSED_FORMATS:
+            _refuse(f"compressed-tensors format {format_!r} (group {name})")
+        weights = group.get("weights") or {}
+        if (weights.get("num_bits"), weights.get("type")) != (8, "float") or \
+                weights.get("strategy") not in ("tensor", "channel"):
+            _refuse(f"compressed-tensors weights {_scheme(weights)} (group {name})")
+        activations = group.get("input_activations")
+        if activations and (activations.get("num_bits"), activations.get("type")) != (8, "float"):
+            _refuse(f"compressed-tensors input_activations {_scheme(activations)} (group {name})")
+
+
+def _scheme(args: dict) -> str:
+    return ", ".join(f"{key} {args.get(key)!r}" for key in ("num_bits", "type", "strategy"))
+
+
+def _refuse(what: str) -> NoReturn:
+    raise ValueError(f"checkpoint quantization {what} is not supported; checkpoints that load: {_SUPPORTED}")
