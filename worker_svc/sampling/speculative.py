@@ -84,6 +84,17 @@ class Drafts:
     token_ids: torch.Tensor  # [requests, max(counts)] int64
     probs: torch.Tensor | None  # [requests, max(counts), vocab] float32: q of each proposal; None when all are greedy
 
+    def flat_indices(self) -> list[int]:
+        """Where each valid proposal is in token_ids.flatten(), request by request."""
+        width = self.token_ids.shape[1]
+        return [i * width + j for i, count in enumerate(self.counts) for j in range(count)]
+
+    def on_host(self, token_ids: list[int]) -> dict[str, list[int]]:
+        """Each request's proposals, from `token_ids` (the flattened token_ids, copied to the host)."""
+        width = self.token_ids.shape[1]
+        return {request_id: token_ids[i * width:i * width + count]
+                for i, (request_id, count) in enumerate(zip(self.request_ids, self.counts))}
+
 
 @dataclass(slots=True)
 class ProposalRows:
@@ -115,10 +126,10 @@ class ProposalRows:
         """The rows of a draft model's proposals, placed from the device without a round trip to the host."""
         counts = dict(zip(drafts.request_ids, drafts.counts))
         row_request_ids, first_rows, row_request, offsets = _layout(request_ids, counts)
-        width = drafts.token_ids.shape[1]
-        draft_rows = [first_rows[i] + j for i, request_id in enumerate(request_ids) for j in range(counts.get(
-            request_id, 0))]
-        sources = [i * width + j for i, count in enumerate(drafts.counts) for j in range(count)]
+        first_row = dict(zip(request_ids, first_rows))
+        draft_rows = [first_row[request_id] + j for request_id, count in zip(drafts.request_ids, drafts.counts)
+                      for j in range(count)]
+        sources = drafts.flat_indices()
         num_rows, num_drafts = len(row_request), len(draft_rows)
         row_request_t, offsets_t, first_rows_t, draft_rows_t, sources_t = upload(
             row_request + offsets + first_rows + draft_rows + sources, torch.int64, device).split_with_sizes(
