@@ -1,6 +1,6 @@
 from collections import deque
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -13,8 +13,8 @@ from worker_svc.runner.logits_rows import LogitsRows, logits_rows
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
 from worker_svc.sampling.speculative import Drafts
 from worker_svc.sampling.step import DeviceSample, StepSampler
-from worker_svc.sampling.upload import upload
 from worker_svc.sampling.token_logprobs import LogprobTensors, joined
+from worker_svc.sampling.upload import upload
 
 PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits are held at once
 
