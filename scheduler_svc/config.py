@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 
 POLICIES = ("priority", "fcfs")
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclass(slots=True)
@@ -15,7 +15,8 @@ class SchedulerConfig:
     policy: str = "priority"  # "priority": lower value first, FCFS within a value; "fcfs": arrival order only
     max_waiting_requests: int = 4096
     max_waiting_tokens: int = 4_000_000
-    speculative_method: str | None = None  # "ngram": proposals by prompt lookup; None: no speculative decoding
+    # "ngram": proposals by prompt lookup; "draft": by the worker's draft model; None: no speculative decoding
+    speculative_method: str | None = None
     num_speculative_tokens: int = 3  # the most tokens proposed for a request per step
     ngram_min: int = 2  # the shortest suffix of a request's tokens that ngram matches against its earlier tokens
     ngram_max: int = 4

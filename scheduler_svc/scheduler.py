@@ -30,8 +30,9 @@ class _StepDraft:
     running: dict[str, tuple[Request, list[int]]] = field(default_factory=dict)  # id -> (request, new block ids)
     new_requests: list[NewRequest] = field(default_factory=list)
     forked: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # sample id -> its block copies
-    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its proposals
-    proposal_rows: int = 0  # how many more proposals the step may carry
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its ngram proposals
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)  # request id -> slots for the draft model's
+    proposal_rows: int = 0  # how many more proposed tokens the step may carry
     preempted: bool = False
 
 
@@ -160,22 +161,24 @@ class Scheduler:
             finished_request_ids=self._worker_dropped_ids,
             block_copies=[copy for request in forked for copy in draft.forked[request.request_id]],
             spec_token_ids=draft.spec_token_ids,
+            num_draft_tokens=draft.num_draft_tokens,
         )
         self._worker_dropped_ids = []
         self._next_step_id += 1
         if plan.num_scheduled_tokens:
             self._advance(plan)
             self._in_flight.append(plan.step_id)
-            for request_id in plan.spec_token_ids:
+            for request_id in plan.num_proposed:
                 self.speculation.launched(request_id)
         return plan
 
     def _advance(self, plan: StepPlan) -> None:
+        num_proposed = plan.num_proposed
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests[request_id]
             request.num_computed_tokens += num_tokens
-            num_proposed = len(plan.spec_token_ids.get(request_id, ()))
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + num_proposed:
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + \
+                    num_proposed.get(request_id, 0):
                 request.num_output_placeholders += 1
 
     def update_from_outcome(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestUpdate]:
@@ -190,6 +193,7 @@ class Scheduler:
         sampled = outcome.sampled_token_ids
         grammar_completed = set(outcome.grammar_completed_request_ids)
         chunk_starts = {r.request_id: r.num_computed_tokens for r in (*plan.new_requests, *plan.cached_requests)}
+        num_proposed = plan.num_proposed
         for request_id in plan.num_scheduled_tokens:
             request = self._requests.get(request_id)
             if request is None or request.status is not RUNNING or request.preempted_at_step > plan.step_id:
@@ -197,8 +201,8 @@ class Scheduler:
             prompt_logprobs = self._unsent_prompt_logprobs(request, chunk_starts[request_id],
                                                            outcome.prompt_logprobs.get(request_id))
             accepted = outcome.accepted_token_ids.get(request_id, [])
-            if request_id in plan.spec_token_ids:
-                self._drop_rejected(request, len(plan.spec_token_ids[request_id]), len(accepted))
+            if request_id in num_proposed:
+                self._drop_rejected(request, num_proposed[request_id], len(accepted))
             self.block_manager.cache_full_blocks(request)
             token_id = sampled.get(request_id)
             if token_id is None:
@@ -217,12 +221,15 @@ class Scheduler:
         self.block_manager.free_past_computed(request)
 
     def _append_until_stop(self, request: Request, token_ids: list[int], grammar_completed: bool) -> list[int]:
-        """Appends the step's tokens up to the first that stops the request (which ends it); returns those taken."""
+        """Appends the step's tokens up to the first that stops the request (which ends it); returns those taken.
+        A request that ends offers the blocks its accepted proposals filled to the prefix cache first."""
         for num_taken, token_id in enumerate(token_ids, 1):
             request.append_output_token(token_id)
             reason = FinishReason.STOP if grammar_completed \
                 else check_stop(request, self.eos_token_ids, self.config.max_model_len)
             if reason is not None:
+                if num_taken > 1:
+                    self.block_manager.cache_full_blocks(request)
                 self._finish(request, reason)
                 return token_ids[:num_taken]
         return token_ids
@@ -298,23 +305,25 @@ class Scheduler:
         speculation = self.speculation
         if speculation is not None and speculation.holds_back(request):
             return
-        proposals = [] if speculation is None else speculation.propose(request, draft.token_budget,
-                                                                        draft.proposal_rows)
-        while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + len(proposals))) is None:
-            if proposals:  # no room for the proposals: the request decodes without them rather than preempt
-                proposals = []
+        num_proposed, proposals = (0, []) if speculation is None \
+            else speculation.propose(request, draft.token_budget, draft.proposal_rows)
+        while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + num_proposed)) is None:
+            if num_proposed:  # no room for the proposals: the request decodes without them rather than preempt
+                num_proposed, proposals = 0, []
                 continue
             victim = self._running[-1]
             self._preempt(victim, draft)
             if victim is request:
                 return
-        num_new_tokens += len(proposals)
+        num_new_tokens += num_proposed
         draft.token_budget -= num_new_tokens
         draft.num_scheduled_tokens[request.request_id] = num_new_tokens
         draft.running[request.request_id] = (request, new_block_ids)
+        draft.proposal_rows -= num_proposed
         if proposals:
             draft.spec_token_ids[request.request_id] = proposals
-            draft.proposal_rows -= len(proposals)
+        elif num_proposed:
+            draft.num_draft_tokens[request.request_id] = num_proposed
 
     def _schedule_waiting(self, draft: _StepDraft) -> None:
         blocks = self.block_manager
@@ -385,6 +394,7 @@ class Scheduler:
         draft.token_budget += num_scheduled
         draft.running.pop(request.request_id, None)
         draft.spec_token_ids.pop(request.request_id, None)
+        draft.num_draft_tokens.pop(request.request_id, None)
         if self.speculation is not None:
             self.speculation.dropped(request.request_id)
         draft.preempted = True

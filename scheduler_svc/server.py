@@ -70,9 +70,20 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
 async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
                         scheduler_options: dict) -> tuple[worker_pb2.WorkerInfo, SchedulerConfig]:
     info = await worker.get_info(timeout)
+    _check_draft_model(info, scheduler_options.get("speculative_method"))
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)
     config = SchedulerConfig(num_blocks=max(num_blocks, 1), max_model_len=max_model_len, **scheduler_options)
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))
     return info, dataclasses.replace(config, num_blocks=num_blocks)
+
+
+def _check_draft_model(info: worker_pb2.WorkerInfo, speculative_method: str | None) -> None:
+    """Speculative method "draft" needs a worker with a draft model, which runs beside the target in every step
+    (its KV cache follows the target's): a worker that has one is only of use to that method."""
+    if speculative_method == "draft" and not info.draft_model:
+        raise ValueError("speculative method 'draft' needs a worker started with --draft-model")
+    if info.draft_model and speculative_method != "draft":
+        raise ValueError(f"the worker runs draft model {info.draft_model!r}: start the scheduler with "
+                         "--speculative-method draft, or the worker without --draft-model")

@@ -1,11 +1,13 @@
 """Speculative decoding in the scheduler: which requests get proposals, how many tokens, and the acceptance counts.
 
-A request with proposals in a step still in flight is not planned again until that step's outcome is applied: how
-many of its proposals the worker accepts decides where its next tokens go. Every other request keeps the asynchronous
-schedule (its next step is planned while the last one runs) and may get proposals there too, made after guesses of the
-tokens that the steps in flight sample.
-A step carries proposals only while its rows (one per request, one per proposal) stay within max_num_seqs, so a
-decode step with proposals still replays a captured graph."""
+Method "ngram" proposes tokens here; method "draft" only reserves the slots, which the worker's draft model fills at
+the start of the step. A request with proposals in a step still in flight is not planned again until that step's
+outcome is applied: how many of its proposals the worker accepts decides where its next tokens go. Every other
+request keeps the asynchronous schedule (its next step is planned while the last one runs); with ngram it may get
+proposals there too, made after guesses of the tokens that the steps in flight sample, while a request that the draft
+model serves waits for its step in flight, as the draft needs its newest token.
+A step carries proposals only while its rows (one per request, one per proposed token) stay within max_num_seqs, so
+a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
 
 from scheduler_svc.config import SchedulerConfig
@@ -40,7 +42,8 @@ class _Misses:
 class Speculation:
     def __init__(self, config: SchedulerConfig):
         self.num_speculative_tokens = config.num_speculative_tokens
-        self.proposer = NgramProposer(config.ngram_min, config.ngram_max)
+        self.proposer = NgramProposer(config.ngram_min, config.ngram_max) \
+            if config.speculative_method == "ngram" else None
         self.stats = SpecDecodeStats(num_accepted_per_position=[0] * config.num_speculative_tokens)
         self._verifying: set[str] = set()  # requests with proposals in a step in flight
         self._misses: dict[str, _Misses] = {}
@@ -56,23 +59,29 @@ class Speculation:
 
     def holds_back(self, request: Request) -> bool:
         """Whether the request waits for its step in flight: until the worker says how many of that step's
-        proposals it accepted, where the request's next tokens go is unknown."""
-        return request.request_id in self._verifying
+        proposals it accepted, where the request's next tokens go is unknown; and the draft model needs the newest
+        token of a request it drafts for."""
+        return request.request_id in self._verifying or (
+            self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request))
 
-    def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> list[int]:
-        """At most max_num_tokens proposals for a request whose next step computes its newest token; never past
-        max_tokens, counting the token the step samples after them (admission keeps prompt + max_tokens within the
-        model length). While steps in flight sample the request's newest tokens, the proposer's first guesses stand
-        for those and the rest are proposed after them: proposals are verified against the real tokens whatever
-        made them, so a wrong guess costs only their rejection."""
+    def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> tuple[int, list[int]]:
+        """(how many tokens to propose, ngram's proposals: none for the draft method, whose worker makes them): at most
+        max_num_tokens for a request whose next step computes its newest token; never past max_tokens, counting the
+        token the step samples after them (admission keeps prompt + max_tokens within the model length). While steps
+        in flight sample the request's newest tokens, ngram's first guesses stand for those and the rest are proposed
+        after them: proposals are verified against the real tokens whatever made them, so a wrong guess costs only
+        their rejection."""
         placeholders = request.num_output_placeholders
         max_num_tokens = min(self.num_speculative_tokens, max_num_tokens, token_budget - 1,
                              request.sampling_params.max_tokens - request.num_output_tokens - placeholders - 1)
         if max_num_tokens <= 0 or request.num_tokens_to_compute != 1 or not self.applies_to(request) \
-                or self._skips(request.request_id):
-            return []
+                or (self.proposer is None and placeholders) or self._skips(request.request_id):
+            return 0, []
+        if self.proposer is None:
+            return max_num_tokens, []
         # each placeholder (the step's input token among them) is guessed: the proposals follow the last
-        return self.proposer.propose(request, placeholders + max_num_tokens)[placeholders:]
+        proposals = self.proposer.propose(request, placeholders + max_num_tokens)[placeholders:]
+        return len(proposals), proposals
 
     def launched(self, request_id: str) -> None:
         self._verifying.add(request_id)
@@ -96,7 +105,8 @@ class Speculation:
     def forget(self, request_id: str) -> None:
         self._verifying.discard(request_id)
         self._misses.pop(request_id, None)
-        self.proposer.forget(request_id)
+        if self.proposer is not None:
+            self.proposer.forget(request_id)
 
     def _skips(self, request_id: str) -> bool:
         misses = self._misses.get(request_id)

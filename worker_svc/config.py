@@ -21,6 +21,8 @@ class WorkerConfig:
     rank: int = 0  # this worker's tensor-parallel rank
     dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
     dist_timeout: float = 60.0  # seconds a collective may wait for the other ranks before the worker fails
+    draft_model: str = ""  # speculative method "draft": a smaller model of the same vocabulary (as `model` names it)
+    draft_load_format: str = "auto"
 
     def __post_init__(self):
         if not 0 <= self.rank < self.tensor_parallel_size:
@@ -29,8 +31,9 @@ class WorkerConfig:
             raise ValueError("a tensor-parallel worker needs dist_init_address (HOST:PORT of rank 0)")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        for name in ("load_format", "draft_load_format"):
+            if getattr(self, name) not in ("auto", "dummy"):
+                raise ValueError(f"{name} must be 'auto' or 'dummy', got {getattr(self, name)!r}")
         if self.quantization not in ("auto", "fp8"):
             raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
         if self.kernels not in ("auto", "triton", "torch"):

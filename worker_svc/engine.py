@@ -18,6 +18,7 @@ from worker_svc.models.torch_ops import TorchOps
 from worker_svc.models.weights import load_checkpoint, to_worker_layout
 from worker_svc.parallel.group import TensorParallelGroup
 from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.draft_proposer import DraftProposer
 from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
 from worker_svc.runner.memory_profile import profile_kv_cache_bytes
 from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
@@ -32,10 +33,12 @@ class WorkerEngine:
     group, it holds the rank's part of the model and of the KV cache (its heads), and only the driver samples."""
 
     def __init__(self, config: WorkerConfig, model_config: ModelConfig, state: dict[str, torch.Tensor],
-                 group: TensorParallelGroup | None = None):
+                 group: TensorParallelGroup | None = None,
+                 draft: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None):
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
         weights.to_worker_layout). Quantization fp8, the flag's or a pre-quantized checkpoint's, quantizes here the
-        rank's projections the state holds in a wider type, each row with its own scale (FP8 ones stay as they are)."""
+        rank's projections the state holds in a wider type, each row with its own scale (FP8 ones stay as they are).
+        draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
@@ -47,28 +50,31 @@ class WorkerEngine:
             ShardLayout(model_config, group.rank, group.world_size)
         self.local_config = self.layout.local_config()  # the rank's heads, intermediate and vocabulary columns
         self.ops = _operators(config, model_config.quantization == "fp8")
-        self.model = self._build_model(state)
+        self.model = self._build_model(self.model_config, state)
+        self.draft_config, self.draft_model = None, None
+        if draft is not None:
+            self.draft_config = _checked_draft_config(draft[0], model_config, group)
+            self.draft_model = self._build_model(self.draft_config, draft[1])
         self.runner: ModelRunner | None = None
 
     @classmethod
     def load(cls, config: WorkerConfig, group: TensorParallelGroup | None = None) -> "WorkerEngine":
         """Materialises only the rank's shards of the weights."""
         rank, world_size = (0, 1) if group is None else (group.rank, group.world_size)
-        if config.load_format == "dummy":
-            hf_config, hf_state = dummy_checkpoint(config.model, config.torch_dtype, torch.device(config.device),
-                                                   config.seed, rank, world_size)
-            model_config = ModelConfig.from_hf(hf_config)
-            return cls(config, model_config, to_worker_layout(hf_state, model_config), group)
-        return cls(config, *load_checkpoint(Path(config.model), rank, world_size), group)
+        draft = None
+        if config.draft_model:
+            draft = _load_weights(config, config.draft_model, config.draft_load_format, 0, 1)
+        return cls(config, *_load_weights(config, config.model, config.load_format, rank, world_size), group, draft)
 
-    def _build_model(self, state: dict[str, torch.Tensor]) -> DecoderLM:
-        traits = traits_for(self.model_config.architecture)
+    def _build_model(self, model_config: ModelConfig, state: dict[str, torch.Tensor]) -> DecoderLM:
+        """The target (a tensor-parallel rank's part of it in a group) or, of another config, the draft model."""
+        traits = traits_for(model_config.architecture)
         with torch.device("meta"):
-            model = DecoderLM(self.model_config, traits, self.ops) if self.group is None else \
+            model = DecoderLM(model_config, traits, self.ops) if self.group is None else \
                 TensorParallelDecoderLM(self.layout, traits, self.ops, self.group)
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)
-        if self.model_config.tie_word_embeddings:
+        if model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         return model.eval()
 
@@ -80,23 +86,38 @@ class WorkerEngine:
 
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
                    max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
-        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the decode graphs."""
-        max_model_len = min(max_model_len, self.model_config.max_position_embeddings)
-        cos_sin_cache = build_cos_sin_cache(self.model_config.head_dim, max_model_len, self.model_config.rope_theta,
-                                            self.model_config.rope_scaling, torch.float32).to(self.device)
+        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the decode graphs. With
+        a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own."""
+        max_model_len = min(max_model_len, self.max_model_len)
+        cos_sin_cache = _cos_sin_cache(self.model_config, max_model_len, self.device)
         if num_blocks <= 0:
+            block_bytes = bytes_per_block(self.local_config, block_size, self.config.torch_dtype)
+            if self.draft_config is not None:
+                block_bytes += bytes_per_block(self.draft_config, block_size, self.config.torch_dtype)
             num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs) \
-                // bytes_per_block(self.local_config, block_size, self.config.torch_dtype)
+                // block_bytes
             if self.group is not None:
                 num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.config.torch_dtype, self.device)
+        drafter = None
+        if self.draft_model is not None:
+            drafter = DraftProposer(self.draft_model, allocate_kv_cache(self.draft_config, num_blocks, block_size,
+                                                                        self.config.torch_dtype, self.device),
+                                    _cos_sin_cache(self.draft_config, max_model_len, self.device), block_size,
+                                    self.device)
         graphs = None
         if self.device.type == "cuda" and not self.config.enforce_eager:
             graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
                                   self.device)
         self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device, graphs,
-                                  self._sampler())
+                                  self._sampler(), drafter)
         return num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest request both models (the target and any draft) take."""
+        lengths = [config.max_position_embeddings for config in (self.model_config, self.draft_config) if config]
+        return min(lengths)
 
     def _sampler(self) -> StepSampler | FollowerSampler:
         if self.group is not None and not self.group.is_driver:
@@ -132,6 +153,32 @@ class WorkerEngine:
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         return self.finish(self.launch(plan))
+
+
+def _load_weights(config: WorkerConfig, model: str, load_format: str, rank: int,
+                  world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A model's config and the rank's weights in the worker's layout: random ones of a named shape with load_format
+    "dummy", else read from a checkpoint."""
+    if load_format == "dummy":
+        hf_config, hf_state = dummy_checkpoint(model, config.torch_dtype, torch.device(config.device), config.seed,
+                                               rank, world_size)
+        model_config = ModelConfig.from_hf(hf_config)
+        return model_config, to_worker_layout(hf_state, model_config)
+    return load_checkpoint(Path(model), rank, world_size)
+
+
+def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft.vocab_size} tokens) is not the target's "
+                         f"({target.vocab_size}): a draft must share the target's tokenizer")
+    if group is not None:
+        raise ValueError("a draft model needs an unsharded worker (tensor-parallel size 1)")
+    return draft
+
+
+def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device) -> torch.Tensor:
+    return build_cos_sin_cache(config.head_dim, max_model_len, config.rope_theta, config.rope_scaling,
+                               torch.float32).to(device)
 
 
 def _operators(config: WorkerConfig, fp8: bool) -> TorchOps:

@@ -1,5 +1,6 @@
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -23,9 +24,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetInfo(self, request: pb.GetInfoRequest, context) -> pb.WorkerInfo:
         config = self.engine.model_config
         return pb.WorkerInfo(model=self.model_name, architecture=config.architecture,
-                             max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
+                             max_model_len=self.engine.max_model_len, vocab_size=config.vocab_size,
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
-                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size)
+                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
+                             draft_model=Path(self.engine.config.draft_model).name)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:

@@ -122,7 +122,8 @@ def _worker(args) -> None:
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                           kernels=args.kernels, tensor_parallel_size=args.tensor_parallel_size, rank=rank,
-                          dist_init_address=args.dist_init_address or "", dist_timeout=args.dist_timeout)
+                          dist_init_address=args.dist_init_address or "", dist_timeout=args.dist_timeout,
+                          draft_model=args.draft_model, draft_load_format=args.draft_load_format)
     _run_service(args, lambda operations: serve(config, args.listen, operations))
 
 

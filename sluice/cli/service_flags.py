@@ -24,6 +24,11 @@ def add_worker_options(parser) -> None:
                              "rank r runs on cuda:r (cuda:K: on cuda:K+r)")
     parser.add_argument("--dist-timeout", type=float, default=60.0,
                         help="seconds a rank waits in a collective for the others before it fails")
+    parser.add_argument("--draft-model", default="",
+                        help="with --speculative-method draft: a smaller model of the same vocabulary that proposes "
+                             "tokens beside the target (a folder or .gguf file, or a shape name with "
+                             "--draft-load-format dummy)")
+    parser.add_argument("--draft-load-format", default="auto", choices=["auto", "dummy"])
 
 
 def add_scheduler_options(parser) -> None:
@@ -38,9 +43,10 @@ def add_scheduler_options(parser) -> None:
                         help="requests that may wait; more get RESOURCE_EXHAUSTED")
     parser.add_argument("--max-waiting-tokens", type=int, default=4_000_000,
                         help="tokens the waiting requests may hold; more get RESOURCE_EXHAUSTED")
-    parser.add_argument("--speculative-method", choices=["ngram"],
+    parser.add_argument("--speculative-method", choices=["ngram", "draft"],
                         help="speculative decoding: ngram proposes the tokens that followed the newest tokens earlier "
-                             "in the prompt and output (prompt lookup); the model verifies them in one step")
+                             "in the prompt and output (prompt lookup), draft those of the worker's --draft-model; "
+                             "the model verifies them in one step")
     parser.add_argument("--num-speculative-tokens", type=int, default=3, help="the most proposals per request-step")
     parser.add_argument("--ngram-min", type=int, default=2, help="the shortest suffix ngram matches")
     parser.add_argument("--ngram-max", type=int, default=4, help="the longest suffix ngram matches")
@@ -56,7 +62,8 @@ def worker_flags(args) -> list[str]:
             "--quantization", args.quantization, "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
             "--kernels", args.kernels, "--tensor-parallel-size", str(args.tensor_parallel_size),
-            "--dist-timeout", str(args.dist_timeout)]
+            "--dist-timeout", str(args.dist_timeout), "--draft-model", args.draft_model,
+            "--draft-load-format", args.draft_load_format]
 
 
 def scheduler_flags(args) -> list[str]:

@@ -39,6 +39,14 @@ class StepPlan:
     # request id -> proposed tokens (speculative decoding): the step computes the request's newest token and these
     # after it, so that the target model verifies them all at once
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> how many tokens the worker's draft model proposes after the request's newest token, in slots
+    # counted in num_scheduled_tokens (speculative method "draft")
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_proposed(self) -> dict[str, int]:
+        """Request id -> the tokens proposed after its newest token, by either method."""
+        return self.num_draft_tokens or {request_id: len(tokens) for request_id, tokens in self.spec_token_ids.items()}
 
     @property
     def total_num_scheduled_tokens(self) -> int:

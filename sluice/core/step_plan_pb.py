@@ -32,6 +32,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
         spec_request_ids=list(plan.spec_token_ids),
         spec_token_counts=[len(tokens) for tokens in plan.spec_token_ids.values()],
         spec_token_ids=[token for tokens in plan.spec_token_ids.values() for token in tokens],
+        draft_request_ids=list(plan.num_draft_tokens),
+        num_draft_tokens=list(plan.num_draft_tokens.values()),
     )
 
 
@@ -54,6 +56,7 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
         finished_request_ids=list(message.finished_request_ids),
         block_copies=list(zip(message.block_copy_sources, message.block_copy_destinations)),
         spec_token_ids=_unpack(message.spec_request_ids, message.spec_token_counts, message.spec_token_ids),
+        num_draft_tokens=dict(zip(message.draft_request_ids, message.num_draft_tokens)),
     )
 
 

@@ -1,7 +1,10 @@
-"""ngram speculative decoding through the real services on the CPU with SmolLM2: greedy output is Hugging Face's
-token for token (as without speculation, see test_greedy_matches_hf), one request alone, several at once, n = 2,
-and with preemptions forced by a small KV pool; a stop string inside a step's accepted tokens cuts the text there;
-the scheduler reports what it proposed and what was accepted, in GetLoad and in the vllm:spec_decode_* series."""
+"""Speculative decoding through the real services on the CPU with SmolLM2, by ngram and by a draft model (SmolLM2
+drafting for itself, which is nearly always right, and a random two-layer draft of its vocabulary, which nearly never
+is): greedy output is Hugging Face's token for token (as without speculation, see test_greedy_matches_hf), one
+request alone and several at once in a KV pool small enough to force preemptions, and n = 2; a seeded sampled
+request draws the same tokens again; a stop string inside a step's accepted tokens cuts the text there; the scheduler
+reports what was proposed and what was accepted, in GetLoad and in the vllm:spec_decode_* series. One service stack
+per method and draft model."""
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,8 +16,10 @@ from tests.e2e.services import running_services
 
 pytestmark = pytest.mark.slow
 
-SPECULATION = ["--speculative-method", "ngram", "--num-speculative-tokens", "4", "--ngram-min", "1",
-               "--ngram-max", "3"]
+NUM_SPECULATIVE_TOKENS = ["--num-speculative-tokens", "4"]
+NGRAM = ["--speculative-method", "ngram", *NUM_SPECULATIVE_TOKENS, "--ngram-min", "1", "--ngram-max", "3"]
+DRAFT = ["--speculative-method", "draft", *NUM_SPECULATIVE_TOKENS]
+TINY_DRAFT = ["--draft-model", "SmolLM2-tiny", "--draft-load-format", "dummy"]
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 6 requests of 2 blocks need
 PARAGRAPH = ("The river rises in the northern hills, runs south through three market towns, and meets the sea at a "
              "wide, shallow bay where herons feed at low tide.")
@@ -29,44 +34,73 @@ def _request(prompt_ids: list[int], max_tokens: int, **sampling) -> pb.GenerateR
 
 
 @pytest.fixture(scope="module")
-def speculating(default_model_dir):
-    with running_services(default_model_dir, SPECULATION) as services:
+def prompts(hf_tokenizer) -> list[list[int]]:
+    return [hf_tokenizer(QUOTING).input_ids] + [hf_tokenizer(text).input_ids for text in SHORT_QUOTES]
+
+
+@pytest.fixture(scope="module")
+def expected(prompts, hf_model) -> list[list[int]]:
+    """Hugging Face's greedy tokens: 24 of QUOTING, 16 of each short quote (once for every method)."""
+    return [hf_greedy(hf_model, prompt, 24 if i == 0 else 16) for i, prompt in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module", params=["ngram", "self-draft"])
+def speculating(request, default_model_dir):
+    scheduler_args, worker_args = (NGRAM, []) if request.param == "ngram" else \
+        (DRAFT, ["--draft-model", str(default_model_dir)])
+    with running_services(default_model_dir, [*scheduler_args, *SMALL_POOL], worker_args) as services:
         yield services
 
 
-def test_greedy_output_matches_hf_alone_and_together(speculating, hf_model, hf_tokenizer):
-    prompts = [hf_tokenizer(QUOTING).input_ids] + [hf_tokenizer(text).input_ids for text in SHORT_QUOTES]
-    expected = [hf_greedy(hf_model, prompt, 24) for prompt in prompts]
-    before = speculating.load()
-    assert speculating.client.generate(_request(prompts[0], 24)).token_ids == expected[0]
-    alone = speculating.load()
-    assert alone.num_accepted_tokens - before.num_accepted_tokens >= 12  # the paragraph is mostly accepted
+def test_greedy_output_matches_hf_alone_and_together_through_preemptions(speculating, prompts, expected):
+    _check_greedy_output(speculating, prompts, expected, mostly_accepted=True)
+
+
+def test_a_random_draft_is_almost_never_accepted_and_changes_no_token(default_model_dir, prompts, expected):
+    with running_services(default_model_dir, [*DRAFT, *SMALL_POOL], TINY_DRAFT) as services:
+        _check_greedy_output(services, prompts, expected, mostly_accepted=False)
+
+
+def _check_greedy_output(services, prompts: list[list[int]], expected: list[list[int]], mostly_accepted: bool):
+    before = services.load()
+    assert services.client.generate(_request(prompts[0], 24)).token_ids == expected[0]
+    alone = services.load()
+    assert alone.num_draft_tokens > before.num_draft_tokens
+    if mostly_accepted:
+        assert alone.num_accepted_tokens - before.num_accepted_tokens >= 12  # the paragraph is mostly accepted
     with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(lambda prompt: speculating.client.generate(_request(prompt, 24)), prompts))
+        results = list(pool.map(lambda i: services.client.generate(_request(prompts[i], 24 if i == 0 else 16)),
+                                range(len(prompts))))
     assert [result.token_ids for result in results] == expected
-    load = speculating.wait_until_idle()
-    assert load.num_free_blocks == load.num_total_blocks
-    assert 0 < load.num_accepted_tokens < load.num_draft_tokens
+    load = services.wait_until_idle()
+    assert load.num_preemptions > 0 and load.num_free_blocks == load.num_total_blocks
+    acceptance = load.num_accepted_tokens / load.num_draft_tokens
+    assert acceptance > 0.5 if mostly_accepted else acceptance < 0.1
     assert sum(load.num_accepted_tokens_per_position) == load.num_accepted_tokens
     assert len(load.num_accepted_tokens_per_position) == 4
 
 
-def test_two_greedy_samples_both_match_hf(speculating, hf_model, hf_tokenizer):
-    prompt = hf_tokenizer(QUOTING).input_ids
-    samples = speculating.client.generate_samples(_request(prompt, 20, n=2))
-    assert [sample.token_ids for sample in samples] == [hf_greedy(hf_model, prompt, 20)] * 2
+def test_a_seeded_sampled_request_draws_the_same_tokens_again(speculating, prompts):
+    request = _request(prompts[0], 16)
+    request.sampling.temperature, request.sampling.seed = 0.8, 7
+    first = speculating.client.generate(request).token_ids
+    assert len(first) == 16 and speculating.client.generate(request).token_ids == first
 
 
-def test_a_stop_string_inside_accepted_tokens_ends_the_text_there(speculating, hf_model, hf_tokenizer):
-    prompt = hf_tokenizer(QUOTING).input_ids
-    full = hf_tokenizer.decode(hf_greedy(hf_model, prompt, 24))
+def test_two_greedy_samples_both_match_hf(speculating, prompts, expected):
+    samples = speculating.client.generate_samples(_request(prompts[0], 20, n=2))
+    assert [sample.token_ids for sample in samples] == [expected[0][:20]] * 2
+
+
+def test_a_stop_string_inside_accepted_tokens_ends_the_text_there(speculating, prompts, expected, hf_tokenizer):
+    full = hf_tokenizer.decode(expected[0])
     assert "three market" in full
-    result = speculating.client.generate(_request(prompt, 24, stop=["three market"]))
+    result = speculating.client.generate(_request(prompts[0], 24, stop=["three market"]))
     assert result.text == full[:full.index("three market")] and result.finish_reason == "stop"
 
 
-def test_acceptance_series_in_metrics(speculating, hf_tokenizer):
-    speculating.client.generate(_request(hf_tokenizer(QUOTING).input_ids, 16))
+def test_acceptance_series_in_metrics(speculating, prompts):
+    speculating.client.generate(_request(prompts[0], 16))
     load = speculating.wait_until_idle()
     with urllib.request.urlopen(speculating.metrics_url("scheduler"), timeout=5) as response:
         lines = response.read().decode().splitlines()
@@ -79,15 +113,3 @@ def test_acceptance_series_in_metrics(speculating, hf_tokenizer):
                           if key.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and
                           'position="0"' in key)
     assert first_position == load.num_accepted_tokens_per_position[0] > 0
-
-
-def test_preemptions_keep_greedy_output_and_free_every_block(default_model_dir, hf_model, hf_tokenizer):
-    prompts = [hf_tokenizer(text).input_ids for text in SHORT_QUOTES]
-    expected = [hf_greedy(hf_model, prompt, 16) for prompt in prompts]
-    with running_services(default_model_dir, [*SPECULATION, *SMALL_POOL]) as services:
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            results = list(pool.map(lambda prompt: services.client.generate(_request(prompt, 16)), prompts))
-        assert [result.token_ids for result in results] == expected
-        load = services.wait_until_idle()
-        assert load.num_preemptions > 0 and load.num_accepted_tokens > 0
-        assert load.num_free_blocks == load.num_total_blocks

@@ -47,7 +47,8 @@ class FakeWorker:
     Requests that ask for prompt logprobs get one entry (the predicted prompt token, logprob 0) per prompt position
     a step computes. A constrained request's sample reports, with grammar_error_probability, that its constraint
     cannot go on, as the worker does when no token continues it. With a `model` (the next token of a context) the
-    worker samples what it says and accepts proposals as a greedy model does: while each is the model's next token."""
+    worker samples what it says and accepts proposals as a greedy model does: while each is the model's next token.
+    With a `draft_model`, the slots a plan reserves for draft tokens are filled with its greedy continuation."""
 
     block_size: int
     rng: random.Random = field(default_factory=lambda: random.Random(0))
@@ -55,6 +56,7 @@ class FakeWorker:
     grammar_error_probability: float = 0.0
     vocab: int = 50
     model: Callable[[list[int]], int] | None = None
+    draft_model: Callable[[list[int]], int] | None = None
     requests: dict[str, _WorkerRequest] = field(default_factory=dict)
     kv: dict[int, list[int | None]] = field(default_factory=dict)
     sampled_log: dict[str, list[int]] = field(default_factory=dict)  # every token sampled, per request id
@@ -87,7 +89,8 @@ class FakeWorker:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             assert num_tokens > 0
             state = self.requests[request_id]
-            proposals = plan.spec_token_ids.get(request_id, [])
+            proposals = plan.spec_token_ids.get(request_id) or self._draft(state.token_ids,
+                                                                           plan.num_draft_tokens.get(request_id, 0))
             inputs = state.token_ids + proposals
             predicted = state.token_ids[state.num_computed_tokens + 1:
                                         min(state.num_computed_tokens + num_tokens + 1, state.num_prompt_tokens)]
@@ -109,9 +112,15 @@ class FakeWorker:
                 self.sampled_log.setdefault(request_id, []).extend([*accepted[request_id], token])
                 if state.constrained and self.rng.random() < self.grammar_error_probability:
                     grammar_errors[request_id] = "no token continues it"
-        accepted = {request_id: tokens for request_id, tokens in accepted.items() if request_id in plan.spec_token_ids}
+        accepted = {request_id: tokens for request_id, tokens in accepted.items() if request_id in plan.num_proposed}
         return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs, grammar_errors=grammar_errors,
                            accepted_token_ids=accepted)
+
+    def _draft(self, context: list[int], num_tokens: int) -> list[int]:
+        proposals = []
+        for _ in range(num_tokens):
+            proposals.append(self.draft_model(context + proposals))
+        return proposals
 
     def _accepted(self, context: list[int], proposals: list[int]) -> list[int]:
         taken = []

@@ -1,5 +1,6 @@
-"""Speculative decoding in the scheduler: ngram proposals, the steps that carry them, and the bookkeeping of what the
-worker accepted (tokens, KV slots, prefix-cache hashes), against the fake worker's token-level KV cache."""
+"""Speculative decoding in the scheduler: ngram proposals, the slots reserved for the worker's draft model, the steps
+that carry them, and the bookkeeping of what the worker accepted (tokens, KV slots, prefix-cache hashes), against the
+fake worker's token-level KV cache."""
 import pytest
 
 from scheduler_svc.ngram_proposer import NgramProposer
@@ -8,7 +9,9 @@ from scheduler_svc.speculation import MAX_SKIPS
 from tests.scheduler.sched_testkit import (FakeWorker, make_request, make_scheduler, run_ahead, run_to_completion,
                                           step)
 
-SPECULATION = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
+NGRAM = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
+DRAFT = dict(speculative_method="draft", num_speculative_tokens=4)
+each_method = pytest.mark.parametrize("speculation", [NGRAM, DRAFT], ids=["ngram", "draft"])
 
 
 def _cycling_model(context: list[int]) -> int:
@@ -16,6 +19,15 @@ def _cycling_model(context: list[int]) -> int:
     breaks it at every 7th position (so some are rejected)."""
     last = context[-1]
     return 1 + (last * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
+
+
+def _draft_model(context: list[int]) -> int:
+    """The fake worker's draft model: the cycling model, but wrong at every 5th position."""
+    return _cycling_model(context) if len(context) % 5 else 1 + context[-1] % 12
+
+
+def _worker() -> FakeWorker:
+    return FakeWorker(block_size=4, model=_cycling_model, draft_model=_draft_model)
 
 
 def _outputs(updates) -> dict[str, list[int]]:
@@ -27,7 +39,7 @@ def _outputs(updates) -> dict[str, list[int]]:
 
 def _run(requests, num_blocks: int = 64, steps_in_flight: int = 1, model=_cycling_model, **config):
     scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, **config)
-    worker = FakeWorker(block_size=4, model=model)
+    worker = FakeWorker(block_size=4, model=model, draft_model=_draft_model)
     for request in requests:
         scheduler.add_request(request)
     updates, steps = run_ahead(scheduler, worker, steps_in_flight)
@@ -59,12 +71,13 @@ def test_proposer_ignores_matches_across_token_boundaries():
     assert proposer.propose(make_request("b", [257, 9, 2**24 + 2**16, 0, 5, 257]), 2) == [9, 2**24 + 2**16]
 
 
-def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps():
+@each_method
+def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps(speculation):
     def requests():
         return [make_request(f"r{i}", _prompt(20 + i), max_tokens=30 + i) for i in range(4)]
 
     plain, plain_steps, _ = _run(requests())
-    speculative, speculative_steps, scheduler = _run(requests(), **SPECULATION)
+    speculative, speculative_steps, scheduler = _run(requests(), **speculation)
     assert speculative == plain
     assert all(len(plain[f"r{i}"]) == 30 + i for i in range(4))
     assert speculative_steps < plain_steps
@@ -74,37 +87,40 @@ def test_greedy_outputs_match_decoding_without_speculation_in_fewer_steps():
     assert sum(load.num_accepted_tokens_per_position) == load.num_accepted_tokens
 
 
-def test_a_stop_token_among_accepted_proposals_ends_the_request_there():
+@each_method
+def test_a_stop_token_among_accepted_proposals_ends_the_request_there(speculation):
     unstopped = _run([make_request("r", _prompt(20), max_tokens=40)])[0]["r"]
     stop_token = next(token for i, token in enumerate(unstopped) if i >= 6 and token not in unstopped[:i])
     plain, _, _ = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])])
     speculative, _, scheduler = _run([make_request("r", _prompt(20), max_tokens=40, stop_token_ids=[stop_token])],
-                                     **SPECULATION)
+                                     **speculation)
     assert speculative == plain and plain["r"] == unstopped[:unstopped.index(stop_token) + 1]
     assert scheduler.get_load().num_accepted_tokens > 0
 
 
+@each_method
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 13])
-def test_never_proposes_past_max_tokens_or_the_model_length(max_tokens):
-    scheduler = make_scheduler(num_blocks=64, block_size=4, max_model_len=40, **SPECULATION)
-    worker = FakeWorker(block_size=4, model=_cycling_model)
+def test_never_proposes_past_max_tokens_or_the_model_length(max_tokens, speculation):
+    scheduler = make_scheduler(num_blocks=64, block_size=4, max_model_len=40, **speculation)
+    worker = _worker()
     scheduler.add_request(make_request("short", _prompt(20), max_tokens=max_tokens))
     scheduler.add_request(make_request("long", _prompt(30), max_tokens=10))  # up to the model length
     while scheduler.has_unfinished_requests():
         plan = scheduler.schedule()
-        for request_id, proposals in plan.spec_token_ids.items():
+        for request_id, num_proposed in plan.num_proposed.items():
             request = scheduler.get_request(request_id)
-            assert request.num_output_tokens + 1 + len(proposals) <= request.sampling_params.max_tokens
-            assert request.num_tokens + 1 + len(proposals) <= 40
+            assert request.num_output_tokens + 1 + num_proposed <= request.sampling_params.max_tokens
+            assert request.num_tokens + 1 + num_proposed <= 40
         scheduler.update_from_outcome(plan, worker.execute(plan))
     assert {rid: len(tokens) for rid, tokens in worker.sampled_log.items()} == {"short": max_tokens, "long": 10}
 
 
-def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache():
+@each_method
+def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache(speculation):
     """After each step every running request holds exactly the blocks of its computed tokens, and a second request
     whose prompt is the first's prompt and output hits its cached blocks, whose KV the fake worker checks."""
-    scheduler = make_scheduler(num_blocks=64, block_size=4, **SPECULATION)
-    worker = FakeWorker(block_size=4, model=_cycling_model)
+    scheduler = make_scheduler(num_blocks=64, block_size=4, **speculation)
+    worker = _worker()
     first = make_request("first", _prompt(9), max_tokens=40)
     scheduler.add_request(first)
     while scheduler.has_unfinished_requests():
@@ -118,26 +134,28 @@ def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache()
     assert second.num_cached_tokens == (len(first.all_token_ids) // 4) * 4
 
 
-def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact():
+@each_method
+def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact(speculation):
     def requests():
         return [make_request(f"r{i}", _prompt(10 + i), max_tokens=24) for i in range(6)]
 
     plain, _, _ = _run(requests())
-    speculative, _, scheduler = _run(requests(), num_blocks=14, **SPECULATION)
+    speculative, _, scheduler = _run(requests(), num_blocks=14, **speculation)
     assert speculative == plain
     assert scheduler.num_preemptions > 0
 
 
-def test_requests_that_cannot_speculate_get_no_proposals():
-    scheduler = make_scheduler(num_blocks=64, block_size=4, **SPECULATION)
-    worker = FakeWorker(block_size=4, model=_cycling_model)
+@each_method
+def test_requests_that_cannot_speculate_get_no_proposals(speculation):
+    scheduler = make_scheduler(num_blocks=64, block_size=4, **speculation)
+    worker = _worker()
     for request_id, params in {"penalised": dict(presence_penalty=0.5), "logprobs": dict(logprobs=1),
                                "bad_words": dict(bad_words_token_ids=[[4]]), "regex": dict(regex="a+")}.items():
         scheduler.add_request(make_request(request_id, _prompt(20), max_tokens=20, **params))
     proposed = set()
     while scheduler.has_unfinished_requests():
         plan, _ = step(scheduler, worker)
-        proposed |= set(plan.spec_token_ids)
+        proposed |= set(plan.num_proposed)
     assert proposed == set()
 
 
@@ -148,7 +166,7 @@ def test_planned_ahead_requests_propose_after_guesses_and_keep_greedy_outputs():
         return [make_request(f"r{i}", _prompt(20 + i), max_tokens=40 + i) for i in range(4)]
 
     plain, plain_steps, _ = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT)
-    speculative, steps, scheduler = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT, **SPECULATION)
+    speculative, steps, scheduler = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT, **NGRAM)
     assert speculative == plain and steps < plain_steps
     load = scheduler.get_load()
     assert 0 < load.num_accepted_tokens < load.num_draft_tokens
@@ -163,7 +181,7 @@ def test_requests_whose_proposals_all_fail_propose_ever_less_often():
     """Proposals cost a request a step's wait; after verifications that accept nothing a request lets 1, 3, 7, ...
     chances to propose pass."""
     outputs, _, scheduler = _run([make_request("r", [1, 2, 1, 3, 1], max_tokens=400)], num_blocks=128,
-                                 model=_never_repeating_model, **SPECULATION)
+                                 model=_never_repeating_model, **NGRAM)
     load = scheduler.get_load()
     assert len(outputs["r"]) == 400 and load.num_accepted_tokens == 0
     num_drafts = scheduler.speculation.stats.num_drafts
@@ -171,7 +189,7 @@ def test_requests_whose_proposals_all_fail_propose_ever_less_often():
 
 
 def test_a_step_carries_proposals_only_while_its_rows_fit_max_num_seqs():
-    scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=6, **SPECULATION)
+    scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=6, **NGRAM)
     worker = FakeWorker(block_size=4, model=_cycling_model)
     for i in range(4):
         scheduler.add_request(make_request(f"r{i}", _prompt(20 + i), max_tokens=30))
@@ -182,3 +200,32 @@ def test_a_step_carries_proposals_only_while_its_rows_fit_max_num_seqs():
         assert len(plan.num_scheduled_tokens) + num_proposals <= 6
         proposed += num_proposals
     assert proposed > 0
+
+
+def test_draft_steps_reserve_slots_without_tokens_and_release_the_rejected_ones():
+    """A draft step computes the newest token and K empty slots in blocks of the request's own; after it, the request
+    keeps the slots of its newest token and of the drafts it accepted, and a block left holding none goes back."""
+    scheduler = make_scheduler(num_blocks=64, block_size=4, **DRAFT)
+    worker = _worker()
+    request = make_request("r", _prompt(9), max_tokens=40)
+    scheduler.add_request(request)
+    num_draft_steps = num_released = 0
+    while scheduler.has_unfinished_requests():
+        computed = request.num_computed_tokens
+        plan = scheduler.schedule()
+        num_drafts = plan.num_draft_tokens.get("r")
+        if num_drafts is not None:
+            num_draft_steps += 1
+            assert plan.spec_token_ids == {} and plan.num_scheduled_tokens["r"] == 1 + num_drafts
+            reserved = scheduler.block_manager.num_blocks("r")
+            assert reserved == -(-(computed + 1 + num_drafts) // 4)
+        outcome = worker.execute(plan)
+        scheduler.update_from_outcome(plan, outcome)
+        if num_drafts is not None and not request.is_finished:
+            assert request.num_computed_tokens == computed + 1 + len(outcome.accepted_token_ids["r"])
+            assert scheduler.block_manager.num_blocks("r") == -(-request.num_computed_tokens // 4)
+            num_released += reserved - scheduler.block_manager.num_blocks("r")
+    load = scheduler.get_load()
+    assert num_draft_steps == load.num_drafts > 0 and num_released > 0
+    assert load.num_draft_tokens > load.num_accepted_tokens > 0
+    assert scheduler.block_manager.num_used_blocks == 0

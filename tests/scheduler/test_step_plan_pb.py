@@ -13,6 +13,10 @@ def test_plan_round_trip():
                     [CachedRequest("y", [8], 10, 3), CachedRequest("w", [], 4, 1)], {"x#1": 1, "y": 3, "w": 1}, ["z"],
                     block_copies=[(6, 9), (2, 3)], spec_token_ids={"y": [11, 12], "w": []})
     assert plan_from_pb(plan_to_pb(plan)) == plan
+    drafting = StepPlan(5, cached_requests=[CachedRequest("y", [], 10, 3)], num_scheduled_tokens={"y": 4, "w": 1},
+                        num_draft_tokens={"y": 3, "w": 0})
+    assert plan_from_pb(plan_to_pb(drafting)) == drafting
+    assert drafting.num_proposed == {"y": 3, "w": 0} and plan.num_proposed == {"y": 2, "w": 0}
 
 
 def test_outcome_round_trip():

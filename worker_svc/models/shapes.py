@@ -17,6 +17,12 @@ SHAPES: dict[str, dict] = {
         "vocab_size": 49152, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "tie_word_embeddings": True, "eos_token_id": 2,
     },
+    "SmolLM2-tiny": {  # SmolLM2's vocabulary in two narrow layers: a cheap random draft model for SmolLM2
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "vocab_size": 49152, "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "tie_word_embeddings": True, "eos_token_id": 2,
+    },
     "Qwen3-0.6B": {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,

@@ -23,6 +23,7 @@ class RequestState:
     num_computed_tokens: int
     sampling_params: SamplingParams
     num_prompt_tokens: int
+    num_draft_computed: int = 0  # tokens whose KV the draft model holds (speculative method "draft")
     num_unresolved: int = 0
     sampled_step: int = -1
     sampled_row: int = -1
@@ -47,7 +48,8 @@ class BatchState:
                 self._free_rows.append(state.row)
         for new in plan.new_requests:
             state = RequestState(self._take_row(), list(new.token_ids), 0, new.num_computed_tokens,
-                                 new.sampling_params, len(new.token_ids) - new.num_output_tokens)
+                                 new.sampling_params, len(new.token_ids) - new.num_output_tokens,
+                                 new.num_computed_tokens)
             self.requests[new.request_id] = state
             self._append_blocks(state, new.block_ids)
         for cached in plan.cached_requests:
@@ -55,6 +57,7 @@ class BatchState:
             state.num_blocks = cached.num_blocks - len(cached.new_block_ids)  # drops a tail of rejected proposals
             self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+            state.num_draft_computed = min(state.num_draft_computed, cached.num_computed_tokens)  # rejected drafts'
 
     def record_launch(self, plan: StepPlan, states: list[RequestState], sampled: list[RequestState]) -> None:
         """The step is on the device: its tokens count as computed, and each sampling request's new token is

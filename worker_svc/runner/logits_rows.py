@@ -16,17 +16,17 @@ class LogitsRows:
 
 
 def logits_rows(request_ids: list[str], states: list[RequestState], query_lens: list[int],
-                spec_token_ids: dict[str, list[int]]) -> LogitsRows:
+                num_proposed: dict[str, int]) -> LogitsRows:
     rows = LogitsRows()
     prompt_indices = []
     offset = 0
     for request_id, state, num_tokens in zip(request_ids, states, query_lens):
         start = state.num_computed_tokens
-        num_proposed = len(spec_token_ids.get(request_id, ()))
-        if start + num_tokens == state.num_tokens + num_proposed:
+        proposed = num_proposed.get(request_id, 0)
+        if start + num_tokens == state.num_tokens + proposed:
             rows.sample_request_ids.append(request_id)
-            rows.token_indices += range(offset + num_tokens - 1 - num_proposed, offset + num_tokens)
-            rows.num_sample_rows += 1 + num_proposed
+            rows.token_indices += range(offset + num_tokens - 1 - proposed, offset + num_tokens)
+            rows.num_sample_rows += 1 + proposed
         num_top = state.sampling_params.prompt_logprobs
         end = min(start + num_tokens, state.num_prompt_tokens - 1)
         if num_top is not None and end > start:

@@ -1,16 +1,20 @@
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
 from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.runner.batch_state import BatchState, RequestState
 from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.draft_proposer import DraftProposer
 from worker_svc.runner.kv_cache import copy_blocks
 from worker_svc.runner.logits_rows import LogitsRows, logits_rows
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
+from worker_svc.sampling.speculative import Drafts
 from worker_svc.sampling.step import DeviceSample, StepSampler
 from worker_svc.sampling.token_logprobs import LogprobTensors, joined
+from worker_svc.sampling.upload import upload
 
 PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits are held at once
 
@@ -22,7 +26,8 @@ class LaunchedStep:
     step_id: int
     sample: DeviceSample | None = None
     sampled: list[RequestState] = field(default_factory=list)  # the requests that sampled, in sample order
-    host_token_ids: torch.Tensor | None = None  # the sampled tokens, then, with proposals, each one's accepted count
+    # the sampled tokens, then, with proposals, each one's accepted count, then a draft model's proposals
+    host_token_ids: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
     prompt_logprobs: LogprobTensors | None = None
     outcome: StepOutcome | None = None
@@ -41,11 +46,12 @@ class ModelRunner:
     """Turns a StepPlan into tensors, runs the model over every scheduled token at once, and samples.
 
     launch() queues a step's work without waiting for the device, so the host prepares step N + 1 while step N runs;
-    finish() collects a launched step's outcome. Steps finish in launch order.
+    finish() collects a launched step's outcome. Steps finish in launch order. With a draft model (`drafter`), its
+    proposals are made at the start of each step and verified in the same pass as ngram's.
     """
 
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
-                 decode_graphs: DecodeGraphs | None, sampler: StepSampler):
+                 decode_graphs: DecodeGraphs | None, sampler: StepSampler, drafter: DraftProposer | None = None):
         self.model = model
         self.decode_graphs = decode_graphs
         self.kv_caches = kv_caches
@@ -54,6 +60,7 @@ class ModelRunner:
         self.batch = BatchState()
         self.inputs = StepInputBuilder(block_size, device)
         self.sampler = sampler
+        self.drafter = drafter
         self._previous: SampledTokens | None = None
         self._unfinished: deque[LaunchedStep] = deque()  # launched and not finished, oldest first
 
@@ -65,16 +72,26 @@ class ModelRunner:
         self.sampler.apply(plan)
         if plan.block_copies:
             copy_blocks(self.kv_caches, plan.block_copies)
+            if self.drafter is not None:
+                copy_blocks(self.drafter.kv_caches, plan.block_copies)
         if not plan.num_scheduled_tokens:
             return LaunchedStep(plan.step_id, outcome=StepOutcome(plan.step_id, {}))
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         query_lens = list(plan.num_scheduled_tokens.values())
-        proposals = plan.spec_token_ids
-        rows = logits_rows(request_ids, states, query_lens, proposals)
+        drafts = None
+        if self.drafter is not None:
+            drafts = self.drafter.propose(self.batch, request_ids, states, query_lens, plan.num_draft_tokens,
+                                          self.sampler.rows, self._previous)
+        # a draft model's proposals are on the device: zeros hold their places until _place_drafts fills them
+        proposals = plan.spec_token_ids or {request_id: [0] * count for request_id, count in
+                                            plan.num_draft_tokens.items()}
+        rows = logits_rows(request_ids, states, query_lens, plan.num_proposed)
         inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
                                    self.sampler.rows.indices(rows.sample_request_ids), self._previous,
                                    [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
+        if drafts is not None:
+            self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
         num_samples = rows.num_sample_rows
         if rows.prompt_groups:
             x, residual = self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache,
@@ -84,13 +101,14 @@ class ModelRunner:
         else:
             logits = self._forward(inputs, rows.token_indices == list(range(inputs.input_ids.shape[0])))
             prompt_logprobs = None
-        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows, proposals)
+        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows, plan.spec_token_ids,
+                                     drafts)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
         step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
-        results = sample.token_ids if sample.num_accepted is None else torch.cat([sample.token_ids,
-                                                                                   sample.num_accepted])
+        results = [sample.token_ids] if sample.num_accepted is None else [sample.token_ids, sample.num_accepted]
+        results = torch.cat(results if drafts is None else [*results, drafts.token_ids.flatten()])
         if self.device.type == "cuda":
             step.host_token_ids = results.to("cpu", non_blocking=True)
             step.copied = torch.cuda.Event()
@@ -106,7 +124,10 @@ class ModelRunner:
             oldest = self._unfinished.popleft()
             oldest.wait()
             results = oldest.host_token_ids.tolist()
-            token_ids, num_accepted = results[:len(oldest.sampled)], results[len(oldest.sampled):]
+            num_sampled = len(oldest.sampled)
+            token_ids, num_accepted = results[:num_sampled], results[num_sampled:2 * num_sampled]
+            if oldest.sample.drafts is not None:
+                oldest.sample.spec_token_ids = oldest.sample.drafts.on_host(results[2 * num_sampled:])
             result = self.sampler.finish(oldest.sample, token_ids, num_accepted)
             accepted = result.accepted_token_ids
             self.batch.resolve(oldest.sampled, token_ids,
@@ -116,6 +137,18 @@ class ModelRunner:
                                          prompt_logprobs, result.grammar_completed_request_ids,
                                          result.grammar_errors, accepted)
         return step.outcome
+
+    def _place_drafts(self, input_ids: torch.Tensor, drafts: Drafts, request_ids: list[str],
+                      query_lens: list[int]) -> None:
+        """Writes the draft model's proposals into the step's input ids, after each drafting request's newest token
+        (its chunk is the newest token and the proposals' slots)."""
+        starts = dict(zip(request_ids, accumulate(query_lens, initial=0)))
+        destinations = [starts[request_id] + 1 + j for request_id, count in zip(drafts.request_ids, drafts.counts)
+                        for j in range(count)]
+        sources = drafts.flat_indices()
+        destinations_t, sources_t = upload(destinations + sources, torch.int64, self.device).split_with_sizes(
+            [len(destinations), len(sources)])
+        input_ids.index_copy_(0, destinations_t, drafts.token_ids.flatten().index_select(0, sources_t))
 
     def _prompt_logprobs(self, x: torch.Tensor, residual: torch.Tensor, rows: LogitsRows) -> LogprobTensors | None:
         """The prompt rows' logprobs, PROMPT_LOGPROB_ROWS rows of logits at a time (every rank projects them)."""

@@ -3,6 +3,7 @@ the other ranks (one broadcast per step), whose next step reads them as input id
 import torch
 
 from worker_svc.parallel.group import TensorParallelGroup
+from worker_svc.sampling.speculative import Drafts
 from worker_svc.sampling.step import DeviceSample, SampleResult, StepSampler
 
 
@@ -12,8 +13,8 @@ class DriverSampler(StepSampler):
         self.group = group
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
-               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
-        sample = super().sample(logits, request_ids, rows, spec_token_ids)
+               spec_token_ids: dict[str, list[int]] | None = None, drafts: Drafts | None = None) -> DeviceSample:
+        sample = super().sample(logits, request_ids, rows, spec_token_ids, drafts)
         if request_ids:
             self.group.broadcast_from_driver(sample.token_ids)
         return sample
@@ -43,7 +44,7 @@ class FollowerSampler:
         pass
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
-               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
+               spec_token_ids: dict[str, list[int]] | None = None, drafts: Drafts | None = None) -> DeviceSample:
         token_ids = torch.empty(len(request_ids), dtype=torch.int64, device=logits.device)
         if request_ids:
             self.group.broadcast_from_driver(token_ids)

@@ -49,17 +49,20 @@ class StepInputBuilder:
         self._turn = 0
 
     def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
-              sampling_rows: list[int], previous: SampledTokens | None,
-              proposals: list[list[int]] | None = None) -> StepInputs:
-        """proposals: each request's proposed tokens, computed after its newest token (speculative decoding)."""
+              sampling_rows: list[int], previous: SampledTokens | None, proposals: list[list[int]] | None = None,
+              starts: list[int] | None = None) -> StepInputs:
+        """proposals: each request's proposed tokens, computed after its newest token (speculative decoding);
+        starts: where each request's tokens start (default: at its computed tokens; the draft model's may lag)."""
         n = len(states)
-        starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n)
+        starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n) if starts is None \
+            else np.asarray(starts, dtype=np.int64)
         lens = np.asarray(query_lens, dtype=np.int64)
         query_start_loc = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
         if num_tokens == n:  # a pure decode step: one token per request
-            input_ids = np.fromiter((_token_or_unresolved(s) for s in states), np.int64, n)
+            input_ids = np.fromiter((_token_or_unresolved(s, start) for s, start in zip(states, starts.tolist())),
+                                    np.int64, n)
             seq_index, query_pos = np.arange(n), np.zeros(n, dtype=np.int64)
         else:
             input_ids = np.fromiter(chain.from_iterable(
@@ -68,9 +71,10 @@ class StepInputBuilder:
                 np.int64, num_tokens)
             seq_index = np.repeat(np.arange(n), lens)
             query_pos = np.arange(num_tokens) - query_start_loc[:-1][seq_index]
-        unresolved = np.flatnonzero(input_ids < 0)
-        unresolved_rows = _previous_rows([states[i] for i in seq_index[unresolved]], previous)
         positions = starts[seq_index] + query_pos
+        unresolved = np.flatnonzero(input_ids < 0)
+        unresolved_rows = _previous_rows([states[i] for i in seq_index[unresolved]], positions[unresolved].tolist(),
+                                         previous)
         rows = np.fromiter((s.row for s in states), np.int64, n)
         max_blocks = max(s.num_blocks for s in states)
         tables = batch.block_table[rows, :max_blocks]
@@ -128,8 +132,7 @@ class StepInputBuilder:
         return buffer[:size]
 
 
-def _token_or_unresolved(state: RequestState) -> int:
-    index = state.num_computed_tokens
+def _token_or_unresolved(state: RequestState, index: int) -> int:
     return state.token_ids[index] if index < len(state.token_ids) else -1
 
 
@@ -140,10 +143,9 @@ def _chunk(state: RequestState, start: int, length: int, proposals) -> list[int]
     return [*tokens, *[-1] * (length - len(tokens)), *proposals]
 
 
-def _previous_rows(states: list[RequestState], previous: SampledTokens | None) -> list[int]:
+def _previous_rows(states: list[RequestState], positions: list[int], previous: SampledTokens | None) -> list[int]:
     """Where each unresolved input token (the request's newest) is in the previous step's sampled tokens."""
-    for state in states:
-        if previous is None or state.sampled_step != previous.step_id or \
-                state.num_computed_tokens != state.num_tokens - 1:
+    for state, position in zip(states, positions):
+        if previous is None or state.sampled_step != previous.step_id or position != state.num_tokens - 1:
             raise RuntimeError("an input token is neither on the host nor among the previous step's samples")
     return [state.sampled_row for state in states]

@@ -71,15 +71,25 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     draws = tensors.draws
     if draws is None:
         return greedy_tokens
-    is_greedy = draws.temperature == 0
-    logits = logits / torch.where(is_greedy, 1.0, draws.temperature).unsqueeze(1)
-    uniform = seeded_uniform(draws.seeds, draws.output_positions)
+    token_ids, weights = sampling_weights(logits, draws)
+    sampled = drawn_tokens(token_ids, weights, seeded_uniform(draws.seeds, draws.output_positions))
+    return torch.where(draws.temperature == 0, greedy_tokens, sampled)
+
+
+def sampling_weights(logits: torch.Tensor, draws: RandomDraws) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """What the drawing rows draw from, given processed logits: after temperature, top-k, top-p and min-p, the
+    kept tokens (None: the whole vocabulary, in token order) and their fixed-point weights. Greedy rows get
+    temperature 1 here; their token is the argmax."""
+    logits = logits / torch.where(draws.temperature == 0, 1.0, draws.temperature).unsqueeze(1)
     if draws.filter_width is None:
-        sampled = draw(fixed_point(unnormalised_probs(logits)), uniform)
-    else:
-        token_ids, weights = kept_tokens(logits, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
-        sampled = token_ids.gather(1, draw(weights, uniform).unsqueeze(1)).squeeze(1)
-    return torch.where(is_greedy, greedy_tokens, sampled)
+        return None, fixed_point(unnormalised_probs(logits))
+    return kept_tokens(logits, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
+
+
+def drawn_tokens(token_ids: torch.Tensor | None, weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token each row draws at `uniform` from sampling_weights' (token_ids, weights)."""
+    drawn = draw(weights, uniform)
+    return drawn if token_ids is None else token_ids.gather(1, drawn.unsqueeze(1)).squeeze(1)
 
 
 def unnormalised_probs(logits: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import StepPlan
 from worker_svc.sampling.ops import sample as sample_tokens
 from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.speculative import ProposalRows, verify_rows
+from worker_svc.sampling.speculative import Drafts, ProposalRows, verify_rows
 from worker_svc.sampling.structured_output import GrammarMatchers
 from worker_svc.sampling.token_logprobs import LogprobTensors, token_logprobs
 from worker_svc.sampling.upload import upload
@@ -22,6 +22,7 @@ class DeviceSample:
     logprobs: LogprobTensors | None = None
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # the proposals the step verified
     num_accepted: torch.Tensor | None = None  # [len(request_ids)] int64, with proposals: how many each accepted
+    drafts: Drafts | None = None  # a draft model's proposals, whose ids reach spec_token_ids once on the host
 
 
 @dataclass(slots=True)
@@ -55,11 +56,16 @@ class StepSampler:
             self.grammars.add(new.request_id, params, output_ids)
 
     def sample(self, logits: torch.Tensor, request_ids: list[str], rows: torch.Tensor,
-               spec_token_ids: dict[str, list[int]] | None = None) -> DeviceSample:
+               spec_token_ids: dict[str, list[int]] | None = None, drafts: Drafts | None = None) -> DeviceSample:
         """Samples the batch without waiting for the device. logits: [len(request_ids), vocab] raw, left as they are;
-        rows: the requests' SamplingRows indices, on the device. With proposals (spec_token_ids), a request with k
-        of them has k + 1 rows of logits in `logits`, and the step verifies them (speculative.py)."""
-        spec = ProposalRows.of(request_ids, spec_token_ids, self.rows.device) if spec_token_ids else None
+        rows: the requests' SamplingRows indices, on the device. With proposals (ngram's spec_token_ids or a draft
+        model's drafts), a request with k of them has k + 1 rows of logits in `logits`, and the step verifies them
+        (speculative.py)."""
+        spec = None
+        if spec_token_ids:
+            spec = ProposalRows.of(request_ids, spec_token_ids, self.rows.device)
+        elif drafts is not None:
+            spec = ProposalRows.of_drafts(request_ids, drafts, self.rows.device)
         row_ids = request_ids if spec is None else spec.row_request_ids
         tensors = self.rows.gather(row_ids, rows if spec is None else rows[spec.row_request])
         grammar_allowed = self.grammars.allowed_tokens(row_ids)
@@ -73,7 +79,7 @@ class StepSampler:
             self.rows.count_accepted(rows, num_accepted)
         self.rows.record(rows, token_ids)
         logprobs = self._logprobs(logits, request_ids, token_ids, None if spec is None else spec.first_rows)
-        return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted)
+        return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted, drafts)
 
     def finish(self, sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
         """The host side once the sampled tokens (`token_ids`, in sample order) and, with proposals, how many of
