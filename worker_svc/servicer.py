@@ -1,4 +1,5 @@
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
@@ -6,6 +7,8 @@ from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 from worker_svc.engine import WorkerEngine
 from worker_svc.step_telemetry import WorkerStepTelemetry
+
+log = logging.getLogger("sluice.worker")
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -25,7 +28,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return pb.WorkerInfo(model=self.model_name, architecture=config.architecture,
                              max_model_len=config.max_position_embeddings, vocab_size=config.vocab_size,
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
-                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size)
+                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
+                             kv_cache_dtype=self._kv_cache_dtype_name)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:
@@ -35,7 +39,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as error:
             self._break_group(error)
             raise
+        log.info("KV cache: %d blocks of %d tokens in %s", num_blocks, request.block_size, self._kv_cache_dtype_name)
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
+
+    @property
+    def _kv_cache_dtype_name(self) -> str:
+        return str(self.engine.kv_cache_dtype).removeprefix("torch.")
 
     async def Execute(self, request_iterator, context):
         """Launches each step as it arrives and streams the outcomes back in order, so step N + 1 is queued on the
