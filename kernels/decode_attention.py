@@ -22,7 +22,7 @@ PROGRAMS_PER_SM = 2
 
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every eager step: compile once
 def _paged_decode_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
     stride_qs, stride_qh,
@@ -32,7 +32,7 @@ def _paged_decode_attention_kernel(
     stride_os, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (seq, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
 
@@ -72,9 +72,9 @@ def _paged_decode_attention_kernel(
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     q_pos = tl.full([BLOCK_G], 0, tl.int32) + seq_len - 1  # the new token is the context's last position
     acc, l, m = attend_kv_range(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, start, full_end, end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_row, start, full_end, end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION, KV_FP8)
 
     # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
     nonempty = l > 0
@@ -131,15 +131,17 @@ def _launch_config(device: torch.device) -> dict:
 
 def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, num_splits: int | None = None,
+    seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context; returns a new [num_seqs, num_heads, head_dim].
 
     query: [num_seqs, num_heads, head_dim]; seq_lens include the query token, whose K/V must already be cached.
     num_splits: context slices per sequence (flash-decoding); None picks one from the batch shape and the block
     table width (max_blocks_per_seq * block_size bounds the context), never from seq_lens, so no host sync.
+    k_scale, v_scale: the float32 scales of FP8 caches (kernels.kv_quant); None for caches in the query's dtype.
     """
-    check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens)
+    kv_fp8 = check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
     num_seqs, num_heads, head_dim = query.shape
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} queries")
@@ -160,7 +162,8 @@ def paged_decode_attention(
     dot_dtype, dot_precision = dot_config(query.dtype, query.device)
     block_d = triton.next_power_of_2(head_dim)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, key_cache, value_cache, block_tables, seq_lens,
+        query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
+        block_tables, seq_lens,
         out, part_out, part_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
@@ -170,7 +173,7 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, **_launch_config(query.device),
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -182,8 +185,9 @@ def paged_decode_attention(
 
 def paged_decode_attention_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float,
+    seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain torch: a decode step is a prefill chunk of one token per sequence."""
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
-    return paged_prefill_attention_ref(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
+    return paged_prefill_attention_ref(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
+                                       k_scale, v_scale)

@@ -1,11 +1,14 @@
 """Shared by both attention kernels: the online-softmax loop over paged K/V tiles, and the launcher checks.
 
 Layout (per layer): key_cache and value_cache are [num_blocks, block_size, num_kv_heads, head_dim]; a token's slot
-id is block_id * block_size + offset; block_tables is int32 [num_seqs, max_blocks_per_seq], padded with 0.
+id is block_id * block_size + offset; block_tables is int32 [num_seqs, max_blocks_per_seq], padded with 0. The caches
+are in the query's dtype, or FP8 with a float32 scale each (kernels.kv_quant).
 """
 import torch
 import triton
 import triton.language as tl
+
+from kernels.kv_quant import check_kv_scales, from_cache_element, load_scale
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -20,30 +23,33 @@ def _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE: tl.constexpr, 
 @triton.jit
 def attend_kv_range(
     acc, l, m, q, q_pos,
-    k_ptr, v_ptr, block_table_row_ptr, start, full_end, end, scale_log2,
+    k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, block_table_row_ptr, start, full_end, end, scale_log2,
     stride_kb, stride_kt, stride_vb, stride_vt,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Online-softmax attention of q to context positions [start, end): the whole tiles of [start, full_end), which
-    every row sees in full, on the unmasked fast path, then [full_end, end) masked (see _attend_kv_tiles)."""
+    every row sees in full, on the unmasked fast path, then [full_end, end) masked (see _attend_kv_tiles). With
+    KV_FP8 the caches' elements are multiplied by the scales at k_scale_ptr / v_scale_ptr as they are loaded."""
+    k_scale = load_scale(k_scale_ptr, KV_FP8)
+    v_scale = load_scale(v_scale_ptr, KV_FP8)
     acc, l, m = _attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, block_table_row_ptr, start, full_end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, start, full_end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION, KV_FP8)
     return _attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, block_table_row_ptr, full_end, end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, full_end, end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION, KV_FP8)
 
 
 @triton.jit
 def _attend_kv_tiles(
     acc, l, m, q, q_pos,
-    k_ptr, v_ptr, block_table_row_ptr, start, end, scale_log2,
+    k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, start, end, scale_log2,
     stride_kb, stride_kt, stride_vb, stride_vt,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Online-softmax attention of query rows q [R, BLOCK_D] to one sequence's context positions [start, end).
 
@@ -64,7 +70,7 @@ def _attend_kv_tiles(
         else:
             kv_mask = d_mask[None, :]  # whole tiles inside the context: only head_dim padding is masked
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
-        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        k = from_cache_element(tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, KV_FP8)
 
         # -- scores: [R, BLOCK_N]
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
@@ -77,7 +83,7 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
-        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = from_cache_element(tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, KV_FP8)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m = m_new
     return acc, l, m
@@ -97,13 +103,13 @@ def dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]
 
 def check_paged_kv(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> None:
-    """Validate what both attention launchers share: dtypes, devices, head counts and the cache layout."""
+    seq_lens: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+) -> bool:
+    """Validate what both attention launchers share: dtypes, scales, devices, head counts and the cache layout;
+    returns whether the caches are FP8."""
     if query.dtype not in ATTENTION_DTYPES:
         raise TypeError(f"query dtype {query.dtype} not in {ATTENTION_DTYPES}")
-    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
-        raise TypeError(f"cache dtypes {key_cache.dtype}/{value_cache.dtype} differ from query dtype {query.dtype}")
+    is_fp8 = check_kv_scales(query.dtype, key_cache, value_cache, k_scale, v_scale)
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise ValueError(f"key/value cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
                          f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}")
@@ -126,3 +132,4 @@ def check_paged_kv(
     devices = {t.device for t in (query, key_cache, value_cache, block_tables, seq_lens)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {devices}")
+    return is_fp8

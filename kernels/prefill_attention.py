@@ -5,12 +5,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_quant import from_cache_element_ref
 from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # they change every step: compile once
 def _paged_prefill_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr, query_start_loc_ptr,
+    seq_lens_ptr,
     scale_log2, num_seqs,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -19,7 +21,7 @@ def _paged_prefill_attention_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (tile, kv_head) runs flash attention for BLOCK_Q query tokens x the GQA group sharing kv_head.
 
@@ -75,9 +77,9 @@ def _paged_prefill_attention_kernel(
     full_end = (prefix_len + tile * BLOCK_Q) // BLOCK_N * BLOCK_N
     kv_end = prefix_len + tl.minimum((tile + 1) * BLOCK_Q, q_len)  # one past the tile's last query position
     acc, l, m = attend_kv_range(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, bt_row, 0, full_end, kv_end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_row, 0, full_end, kv_end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION, KV_FP8)
 
     # -- normalise and write the valid rows
     o = acc / l[:, None]
@@ -102,14 +104,16 @@ def _launch_config(device: torch.device, head_dim: int, element_size: int) -> di
 
 def paged_prefill_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of query chunks over their paged context; returns a new [total_q_tokens, num_heads, head_dim].
 
     query: [total_q_tokens, num_heads, head_dim], sequence i's chunk is rows query_start_loc[i]:query_start_loc[i+1]
     and holds the last q_len tokens of its context of seq_lens[i] tokens, whose K/V (the chunk's too) are cached.
+    k_scale, v_scale: the float32 scales of FP8 caches (kernels.kv_quant); None for caches in the query's dtype.
     """
-    check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens)
+    kv_fp8 = check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
     num_seqs = block_tables.shape[0]
     if query_start_loc.dtype != torch.int32 or query_start_loc.shape != (num_seqs + 1,) \
             or not query_start_loc.is_contiguous() or query_start_loc.device != query.device:
@@ -127,7 +131,8 @@ def paged_prefill_attention(
     block_q = block_m // group
     dot_dtype, dot_precision = dot_config(query.dtype, query.device)
     _paged_prefill_attention_kernel[(triton.cdiv(total_q, block_q) + num_seqs, num_kv_heads)](
-        query, key_cache, value_cache, out, block_tables, query_start_loc, seq_lens,
+        query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
+        out, block_tables, query_start_loc, seq_lens,
         scale * math.log2(math.e), num_seqs,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -136,16 +141,18 @@ def paged_prefill_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(head_dim),
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, **config,
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **config,
     )
     return out
 
 
 def paged_prefill_attention_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch, one sequence at a time, in fp32: gather the context through the block table, mask, softmax."""
+    """Plain torch, one sequence at a time, in fp32: gather the context through the block table (FP8 caches
+    multiplied by their scales), mask, softmax."""
     _, block_size, num_kv_heads, head_dim = key_cache.shape
     group = query.shape[1] // num_kv_heads
     out = torch.empty_like(query)
@@ -156,8 +163,8 @@ def paged_prefill_attention_ref(
         if q_len == 0:
             continue
         blocks = block_tables[i, :triton.cdiv(seq_len, block_size)].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()  # [seq_len, num_kv_heads, head_dim]
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = from_cache_element_ref(key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len], k_scale)
+        v = from_cache_element_ref(value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len], v_scale)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)

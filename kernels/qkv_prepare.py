@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import NORM_DTYPES, rms_norm_ref
 from kernels.rotary_embedding import rotary_embedding_ref
@@ -45,20 +46,21 @@ def _normed_rotated_heads(
 @triton.jit
 def _prepare_qkv_kernel(
     qkv_ptr, positions_ptr, cos_sin_ptr, q_norm_weight_ptr, k_norm_weight_ptr, slot_mapping_ptr,
-    q_out_ptr, key_cache_ptr, value_cache_ptr,
+    q_out_ptr, key_cache_ptr, value_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_t, stride_h, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Program `token` turns its row of the fused qkv projection (q heads, k heads, v heads) into attention inputs.
 
     q and k heads get the optional RMSNorm (as kernels.rms_norm: fp32 statistics, rounded to the input dtype before
     and after the weight multiply) and then NeoX rotary by the angles of positions[token] (as
     kernels.rotary_embedding: cos_sin_cache row p holds cos then sin, fp32 math, one rounding). q goes to the contiguous
-    q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as kernels.reshape_and_cache),
-    skipped for a negative (padding) slot.
+    q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as kernels.reshape_and_cache,
+    quantized with their scales into FP8 caches), skipped for a negative (padding) slot.
     """
     token = tl.program_id(0).to(tl.int64)
     row_ptr = qkv_ptr + token * stride_t
@@ -86,9 +88,11 @@ def _prepare_qkv_kernel(
     # -- k
     k = _normed_rotated_heads(row_ptr + NUM_HEADS * stride_h, stride_h, k_norm_weight_ptr, eps, cos, sin,
                               NUM_KV_HEADS, HEAD_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM)
+    k = to_cache_element(k, k_scale_ptr, key_cache_ptr, KV_FP8)
     tl.store(key_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_h * stride_kch + d, k, mask=kv_mask)
     # -- v
-    v = tl.load(row_ptr + (NUM_HEADS + NUM_KV_HEADS + kv_h) * stride_h + d, mask=kv_mask)
+    v = to_cache_element(tl.load(row_ptr + (NUM_HEADS + NUM_KV_HEADS + kv_h) * stride_h + d, mask=kv_mask),
+                         v_scale_ptr, value_cache_ptr, KV_FP8)
     tl.store(value_cache_ptr + block * stride_vcb + offset * stride_vcs + kv_h * stride_vch + d, v, mask=kv_mask)
 
 
@@ -96,6 +100,7 @@ def prepare_qkv(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns a new contiguous q [num_tokens, num_heads, head_dim]; writes k and v into the caches in place.
 
@@ -103,7 +108,8 @@ def prepare_qkv(
     fused projection output; any token/head strides, head_dim contiguous); num_kv_heads is the caches' third dim.
     q_norm_weight, k_norm_weight: [head_dim] RMSNorm weights applied per head before rotary (Qwen3), both or None.
     positions: int32/int64 [num_tokens]; cos_sin_cache: [max_position, head_dim] from build_cos_sin_cache;
-    caches: [num_blocks, block_size, num_kv_heads, head_dim]; slot_mapping: int64 [num_tokens], negative = skip.
+    caches: [num_blocks, block_size, num_kv_heads, head_dim], in qkv's dtype, or FP8 (CUDA only) with the float32
+    scales k_scale and v_scale; slot_mapping: int64 [num_tokens], negative = skip.
     """
     if qkv.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise ValueError(f"qkv {tuple(qkv.shape)} must be [num_tokens, heads, head_dim] and caches "
@@ -115,9 +121,10 @@ def prepare_qkv(
     if num_heads < 1 or key_cache.shape[3] != head_dim:
         raise ValueError(f"qkv {tuple(qkv.shape)} does not hold q heads plus 2 x {num_kv_heads} kv heads of the "
                          f"caches' head_dim {key_cache.shape[3]}")
-    if qkv.dtype not in NORM_DTYPES or len({qkv.dtype, key_cache.dtype, value_cache.dtype}) != 1:
-        raise TypeError(f"qkv and caches must share one dtype of {NORM_DTYPES}, got {qkv.dtype}, {key_cache.dtype}, "
-                        f"{value_cache.dtype}")
+    if qkv.dtype not in NORM_DTYPES:
+        raise TypeError(f"qkv dtype {qkv.dtype} not in {NORM_DTYPES}")
+    kv_fp8 = check_kv_scales(qkv.dtype, key_cache, value_cache, k_scale, v_scale)
+    check_cache_writable(key_cache)
     if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
         raise ValueError(f"cos_sin_cache must be [max_position, {head_dim}] for an even head_dim, "
                          f"got {tuple(cos_sin_cache.shape)}")
@@ -146,14 +153,15 @@ def prepare_qkv(
     num_warps = min(max(block_h * block_d // 512, 1), 16)
     _prepare_qkv_kernel[(num_tokens,)](
         qkv, positions, cos_sin_cache, q_norm_weight if has_norm else qkv, k_norm_weight if has_norm else qkv,
-        slot_mapping, q, key_cache, value_cache,
+        slot_mapping, q, key_cache, value_cache, qkv if k_scale is None else k_scale,
+        qkv if v_scale is None else v_scale,
         qkv.stride(0), qkv.stride(1), cos_sin_cache.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
-        num_warps=num_warps,
+        KV_FP8=kv_fp8, num_warps=num_warps,
     )
     return q
 
@@ -162,6 +170,7 @@ def prepare_qkv_ref(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The unfused sequence in plain torch: split, rms_norm_ref, rotary_embedding_ref, reshape_and_cache_ref."""
     num_kv_heads = key_cache.shape[2]
@@ -170,5 +179,5 @@ def prepare_qkv_ref(
         q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
     q, k = q.clone(memory_format=torch.contiguous_format), k.clone()  # rotated in place below; qkv stays untouched
     rotary_embedding_ref(positions, q, k, cos_sin_cache)
-    reshape_and_cache_ref(k, v, key_cache, value_cache, slot_mapping)
+    reshape_and_cache_ref(k, v, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     return q

@@ -49,12 +49,14 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                                                   max_model_len=config.max_model_len, vocab_size=info.vocab_size,
                                                   dtype=info.dtype, num_kv_blocks=config.num_blocks,
                                                   block_size=config.block_size,
-                                                  eos_token_ids=sorted(info.eos_token_ids))
+                                                  eos_token_ids=sorted(info.eos_token_ids),
+                                                  kv_cache_dtype=info.kv_cache_dtype)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
             await service.set_ready(True)
             supervisor = asyncio.create_task(WorkerSupervisor(loop, worker, service.report_ready).run())
-            log.info("scheduler on port %d: %d KV blocks of %d tokens", port, config.num_blocks, config.block_size)
+            log.info("scheduler on port %d: %d KV blocks of %d tokens in %s", port, config.num_blocks,
+                     config.block_size, info.kv_cache_dtype)
             await service.wait_for_shutdown(supervisor)
             loop.admitting = False
             drained = await service.drain(lambda: not scheduler.has_unfinished_requests())

@@ -3,6 +3,7 @@ from dataclasses import dataclass
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}  # and "auto": the model dtype
 
 
 @dataclass(slots=True)
@@ -11,6 +12,7 @@ class WorkerConfig:
     load_format: str = "auto"  # "auto" (folder or .gguf) or "dummy" (random weights of a named shape)
     dtype: str = "float32"
     quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (fp8.py)
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8" / "fp8_e4m3": e4m3 with per-layer scales
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9
@@ -36,6 +38,8 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be 'auto' or 'dummy', got {getattr(self, name)!r}")
         if self.quantization not in ("auto", "fp8"):
             raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -44,6 +48,10 @@ class WorkerConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def kv_cache_torch_dtype(self) -> torch.dtype:
+        return _KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)
 
     @property
     def uses_triton(self) -> bool:

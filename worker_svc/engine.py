@@ -9,6 +9,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.dummy_weights import dummy_checkpoint
 from worker_svc.models.fp8 import FP8, emulated_fp8_linear, fp8_gemm_for, quantize_linear_weights
+from worker_svc.models.kv_scales import with_kv_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
 from worker_svc.models.rope import build_cos_sin_cache
@@ -41,9 +42,11 @@ class WorkerEngine:
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
         self.config = config
         self.device = torch.device(config.device)
+        self.kv_cache_dtype = config.kv_cache_torch_dtype
         torch.manual_seed(config.seed)
         if "fp8" in (config.quantization, model_config.quantization):
             model_config, state = dataclasses.replace(model_config, quantization="fp8"), quantize_linear_weights(state)
+        state = with_kv_scales(state, model_config.num_layers)
         self.model_config = model_config
         self.group = group
         self.layout = ShardLayout(model_config) if group is None else \
@@ -59,7 +62,10 @@ class WorkerEngine:
 
     @classmethod
     def load(cls, config: WorkerConfig, group: TensorParallelGroup | None = None) -> "WorkerEngine":
-        """Materialises only the rank's shards of the weights."""
+        """Materialises only the rank's shards of the weights, once the device is known to hold the KV cache's
+        dtype."""
+        if config.kv_cache_torch_dtype == FP8:
+            _check_fp8_kv_cache(config, torch.device(config.device))
         rank, world_size = (0, 1) if group is None else (group.rank, group.world_size)
         draft = None
         if config.draft_model:
@@ -79,8 +85,9 @@ class WorkerEngine:
         return model.eval()
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor on the device, in the model dtype unless it is an FP8 weight or its float32 scale."""
-        if tensor.dtype == FP8 or name.endswith(".weight_scale"):
+        """The tensor on the device, in the model dtype unless it is an FP8 weight or a float32 scale (a weight's,
+        or the KV cache's)."""
+        if tensor.dtype == FP8 or name.endswith("_scale"):
             return tensor.to(self.device)
         return tensor.to(self.device, self.config.torch_dtype)
 
@@ -91,14 +98,14 @@ class WorkerEngine:
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = _cos_sin_cache(self.model_config, max_model_len, self.device)
         if num_blocks <= 0:
-            block_bytes = bytes_per_block(self.local_config, block_size, self.config.torch_dtype)
+            block_bytes = bytes_per_block(self.local_config, block_size, self.kv_cache_dtype)
             if self.draft_config is not None:
                 block_bytes += bytes_per_block(self.draft_config, block_size, self.config.torch_dtype)
             num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs) \
                 // block_bytes
             if self.group is not None:
                 num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
-        kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.config.torch_dtype, self.device)
+        kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
         drafter = None
         if self.draft_model is not None:
             drafter = DraftProposer(self.draft_model, allocate_kv_cache(self.draft_config, num_blocks, block_size,
@@ -134,7 +141,7 @@ class WorkerEngine:
     def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
         if self.device.type != "cuda":
             return self.config.kv_cache_bytes
-        return profile_kv_cache_bytes(self.model, self.local_config, cos_sin_cache, block_size, self.config.torch_dtype,
+        return profile_kv_cache_bytes(self.model, self.local_config, cos_sin_cache, block_size, self.kv_cache_dtype,
                                       max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization)
 
     @property
@@ -193,3 +200,20 @@ def _operators(config: WorkerConfig, fp8: bool) -> TorchOps:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error
     return TritonOps(fp8_gemm)
+
+
+def _check_fp8_kv_cache(config: WorkerConfig, device: torch.device) -> None:
+    """An FP8 KV cache runs on the CPU's torch operators, or on CUDA with FP8 conversions (compute capability
+    8.9+, which Triton's e4m3 needs); anything else fails here, at start."""
+    if device.type == "cpu" and not config.uses_triton:
+        return
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        return
+    if device.type == "cpu":
+        reason = "the Triton interpreter rounds FP8 stores wrongly; the CPU's default torch kernels support it"
+    elif device.type == "cuda":
+        reason = f"{device} ({torch.cuda.get_device_name(device)}) is below CUDA compute capability 8.9"
+    else:
+        reason = f"{device} is neither the CPU nor CUDA"
+    raise RuntimeError(f"kv_cache_dtype {config.kv_cache_dtype!r} with kernels {config.kernels!r} on {device}: "
+                       f"{reason}")

@@ -1,4 +1,5 @@
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -7,6 +8,8 @@ from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 from worker_svc.engine import WorkerEngine
 from worker_svc.step_telemetry import WorkerStepTelemetry
+
+log = logging.getLogger("sluice.worker")
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -27,7 +30,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              max_model_len=self.engine.max_model_len, vocab_size=config.vocab_size,
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
                              rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
-                             draft_model=Path(self.engine.config.draft_model).name)
+                             draft_model=Path(self.engine.config.draft_model).name,
+                             kv_cache_dtype=self._kv_cache_dtype_name)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:
@@ -37,7 +41,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as error:
             self._break_group(error)
             raise
+        log.info("KV cache: %d blocks of %d tokens in %s", num_blocks, request.block_size, self._kv_cache_dtype_name)
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
+
+    @property
+    def _kv_cache_dtype_name(self) -> str:
+        return str(self.engine.kv_cache_dtype).removeprefix("torch.")
 
     async def Execute(self, request_iterator, context):
         """Launches each step as it arrives and streams the outcomes back in order, so step N + 1 is queued on the

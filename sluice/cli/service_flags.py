@@ -13,6 +13,10 @@ def add_worker_options(parser) -> None:
                         help="fp8: the decoder layers' projections in e4m3 with per-channel scales, activations "
                              "quantized per token (a GPU needs compute capability 8.9+; the CPU emulates it); auto: "
                              "as the checkpoint stores them (a pre-quantized FP8 folder is served in FP8)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                        help="fp8 (fp8_e4m3): the KV cache in e4m3 with per-layer k/v scales from the checkpoint "
+                             "(1.0 where it has none), about twice the blocks of bf16 (a GPU needs compute "
+                             "capability 8.9+); auto: the model dtype")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -59,7 +63,8 @@ def add_router_limit_options(parser) -> None:
 
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
-            "--quantization", args.quantization, "--device", args.device, "--kv-cache-gib", str(args.kv_cache_gib),
+            "--quantization", args.quantization, "--kv-cache-dtype", args.kv_cache_dtype, "--device", args.device,
+            "--kv-cache-gib", str(args.kv_cache_gib),
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
             "--kernels", args.kernels, "--tensor-parallel-size", str(args.tensor_parallel_size),
             "--dist-timeout", str(args.dist_timeout), "--draft-model", args.draft_model,

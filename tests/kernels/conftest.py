@@ -43,3 +43,18 @@ def make_paged_kv(device):
         return key_cache, value_cache, block_tables, seq_lens_t
 
     return make
+
+
+@pytest.fixture
+def make_fp8_paged_kv(make_paged_kv, device):
+    """Factory: make_paged_kv's float32 caches stored in FP8 with their scales (the largest values clamp)."""
+    from kernels.kv_quant import KV_FP8, to_cache_element_ref
+
+    def make(seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int = 16):
+        key_cache, value_cache, block_tables, lens = make_paged_kv(seq_lens, num_kv_heads, head_dim, torch.float32,
+                                                                   block_size)
+        k_scale, v_scale = torch.tensor([3.5 / 448, 3 / 448], device=device)
+        return (to_cache_element_ref(key_cache, KV_FP8, k_scale), to_cache_element_ref(value_cache, KV_FP8, v_scale),
+                block_tables, lens, k_scale, v_scale)
+
+    return make

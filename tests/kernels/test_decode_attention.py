@@ -60,6 +60,28 @@ def test_rejects_bad_inputs(make_paged_kv, device):
                                lens, 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits):
+    key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([1, 40, 123], 2, 64)
+    query = torch.randn(3, 4, 64, device=device).to(dtype)
+    out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 0.125, num_splits=num_splits,
+                                 k_scale=k_scale, v_scale=v_scale)
+    ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125, k_scale, v_scale)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+def test_fp8_cache_needs_both_scales(make_fp8_paged_kv, device):
+    key_cache, value_cache, block_tables, lens, k_scale, _ = make_fp8_paged_kv([5], 1, 64)
+    query = torch.randn(1, 2, 64, device=device)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 1.0, k_scale=k_scale)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_decode_attention(query, key_cache.float(), value_cache.float(), block_tables, lens, 1.0,
+                               k_scale=k_scale, v_scale=k_scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch, max_context", [(1, 4096), (64, 4096), (256, 1024)])
 def test_realistic(make_paged_kv, device, batch, max_context):

@@ -52,6 +52,20 @@ def test_rejects_bad_query_start_loc(make_paged_kv, device):
                                 torch.tensor([0, 5], device=device), lens, 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_cache(make_fp8_paged_kv, device, dtype):
+    # a fresh prompt, a chunk after a cached prefix, and a decode token, over FP8 caches
+    key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([37, 50, 20], 2, 64)
+    query_start_loc = torch.tensor([0, 37, 60, 61], dtype=torch.int32, device=device)
+    query = torch.randn(61, 6, 64, device=device).to(dtype)
+    out = paged_prefill_attention(query, key_cache, value_cache, block_tables, query_start_loc, lens, 0.125,
+                                  k_scale=k_scale, v_scale=v_scale)
+    ref = paged_prefill_attention_ref(query, key_cache, value_cache, block_tables, query_start_loc, lens, 0.125,
+                                      k_scale, v_scale)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
 @pytest.mark.gpu
 def test_realistic(make_paged_kv, device):
     q_lens = [2048, 512, 1, 1000, 77]

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from kernels import prepare_qkv, prepare_qkv_ref, reshape_and_cache, rms_norm, rotary_embedding
+from kernels.kv_quant import KV_FP8, from_cache_element_ref
 from worker_svc.models.rope import build_cos_sin_cache
 
 # NOTE: bf16 is looser than in the single-kernel tests: the refs round every rotary product to bf16 and the
@@ -95,6 +96,23 @@ def test_rejects_bad_inputs(device, change, error):
     inputs = make_inputs(device, torch.float32, 3, 4, 2, 64, norm=True)
     with pytest.raises((ValueError, TypeError), match=error):
         prepare_qkv(**{**inputs, **change(inputs)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_cache_matches_ref(device, dtype):
+    inputs = make_inputs(device, dtype, 123, 6, 2, 128, norm=True)
+    scales = torch.tensor([1 / 128, 1 / 64], device=device)  # randn / scale reaches e4m3's 448: the tails clamp
+    inputs |= dict(key_cache=inputs["key_cache"].to(KV_FP8), value_cache=inputs["value_cache"].to(KV_FP8),
+                   k_scale=scales[0], v_scale=scales[1])
+    ref_inputs = with_cache_copies(inputs)
+    torch.testing.assert_close(prepare_qkv(**inputs), prepare_qkv_ref(**ref_inputs), **TOL[dtype])
+    # v is quantized as it came, bit for bit; k after norm and rotary, whose last-bit differences may cross an e4m3
+    # rounding boundary: at most one e4m3 step (1/8 relative, or 2^-9 * scale near zero)
+    assert torch.equal(inputs["value_cache"].view(torch.uint8), ref_inputs["value_cache"].view(torch.uint8))
+    torch.testing.assert_close(from_cache_element_ref(inputs["key_cache"], scales[0]),
+                               from_cache_element_ref(ref_inputs["key_cache"], scales[0]),
+                               rtol=0.125, atol=scales[0].item() * 2 ** -9)
 
 
 @pytest.mark.gpu

@@ -39,7 +39,7 @@ def prompt_logits(engine: WorkerEngine, token_ids: list[int]) -> torch.Tensor:
     """float32 [len(token_ids), vocab]: the model's logits at every position of one prompt, in one prefill."""
     config, n = engine.model_config, len(token_ids)
     num_blocks = -(-n // BLOCK_SIZE)
-    kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.config.torch_dtype,
+    kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.kv_cache_dtype,
                                   engine.device)
     device = engine.device
     cos_sin_cache = build_cos_sin_cache(config.head_dim, n, config.rope_theta, config.rope_scaling,

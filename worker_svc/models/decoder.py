@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import Fp8Linear
+from worker_svc.models.fp8 import FP8, Fp8Linear
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import ArchitectureTraits
 
@@ -45,6 +45,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.scale = self.head_dim**-0.5
+        # float32 scalars an FP8 KV cache's keys and values are stored divided by (kv_scales.py)
+        self.register_buffer("k_scale", torch.ones(()))
+        self.register_buffer("v_scale", torch.ones(()))
         self.ops = ops
 
     def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
@@ -53,10 +56,11 @@ class Attention(nn.Module):
         q_norm_weight, k_norm_weight, eps = (None, None, 0.0) if self.q_norm is None else (
             self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         key_cache, value_cache = kv_cache
+        kv_scales = (self.k_scale, self.v_scale) if key_cache.dtype == FP8 else (None, None)
         # q: [num_tokens, num_heads, head_dim], normed and rotated; k and v go to the cache
         q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
-                                 value_cache, meta.slot_mapping)
-        out = self.ops.attention(q, key_cache, value_cache, meta, self.scale)
+                                 value_cache, meta.slot_mapping, *kv_scales)
+        out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
 

@@ -26,11 +26,15 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
 
+def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale in e4m3, computed in float32 and clamped to e4m3's range (scale broadcasts against x)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None]: each row's absolute maximum maps to FP8_MAX."""
-    x32 = x.float()
-    scale = (x32.abs().amax(dim=-1) / FP8_MAX).clamp_min(_MIN_SCALE)
-    return (x32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp_min(_MIN_SCALE)
+    return to_fp8(x, scale[:, None]), scale
 
 
 def dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -3,12 +3,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8, Fp8Gemm, emulated_fp8_linear
+from worker_svc.models.fp8 import FP8, Fp8Gemm, emulated_fp8_linear, to_fp8
 
 
 class TorchOps:
     """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path. Linear layers are
-    nn.Linear or fp8.Fp8Linear modules; fp8_gemm computes the latter."""
+    nn.Linear or fp8.Fp8Linear modules; fp8_gemm computes the latter. KV caches are in the model dtype, or e4m3
+    with a float32 k_scale / v_scale each (stored = x / scale, read back as stored * scale in float32)."""
 
     def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear):
         self.fp8_gemm = fp8_gemm
@@ -41,7 +42,7 @@ class TorchOps:
         return (y if out_dtype is None else y.to(out_dtype)), residual
 
     def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
-                    slot_mapping) -> torch.Tensor:
+                    slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
         # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]
         num_kv_heads = key_cache.shape[2]
         q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
@@ -50,8 +51,8 @@ class TorchOps:
         cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        key_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-        value_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+        _store(key_cache, slot_mapping, k, k_scale)
+        _store(value_cache, slot_mapping, v, v_scale)
         return q
 
     @staticmethod
@@ -60,14 +61,16 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
-    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None,
+                  v_scale=None) -> torch.Tensor:
         # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
         num_heads, head_dim = q.shape[1:]
         block_size = key_cache.shape[1]
         num_blocks = -(-meta.max_seq_len // block_size)
         tables = meta.block_tables[:, :num_blocks].long()
-        k = key_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]  # [num_seqs, max_seq_len, num_kv_heads, head_dim]
-        v = value_cache[tables].flatten(1, 2)[:, : meta.max_seq_len]
+        # [num_seqs, max_seq_len, num_kv_heads, head_dim]
+        k = _values(key_cache[tables].flatten(1, 2)[:, : meta.max_seq_len], k_scale, q.dtype)
+        v = _values(value_cache[tables].flatten(1, 2)[:, : meta.max_seq_len], v_scale, q.dtype)
 
         padded_q = q.new_zeros(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
         padded_q[meta.token_seq_index, meta.token_query_pos] = q
@@ -78,6 +81,15 @@ class TorchOps:
         out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask[:, None], scale=scale, enable_gqa=True)
         return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """x's rows into the cache's slots, quantized for an FP8 cache (index_put_: the CPU has no FP8 index_copy_)."""
+    cache.view(-1, *x.shape[1:])[slots] = x if scale is None else to_fp8(x, scale)
+
+
+def _values(cached: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    return cached if scale is None else (cached.float() * scale).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

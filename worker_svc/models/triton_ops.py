@@ -42,17 +42,19 @@ class TritonOps(TorchOps):
 
     @staticmethod
     def prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
-                    slot_mapping) -> torch.Tensor:
+                    slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
         return kernels.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
-                                   value_cache, slot_mapping)
+                                   value_cache, slot_mapping, k_scale, v_scale)
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(x)
 
     @staticmethod
-    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None,
+                  v_scale=None) -> torch.Tensor:
         if meta.is_pure_decode:
-            return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale)
+            return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
+                                                  k_scale=k_scale, v_scale=v_scale)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
-                                               meta.seq_lens, scale)
+                                               meta.seq_lens, scale, k_scale, v_scale)

@@ -19,10 +19,11 @@ def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dty
 
 
 def copy_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], copies: list[tuple[int, int]]) -> None:
-    """Copies whole KV blocks, source to destination, in every layer (a forked sample's private last block)."""
+    """Copies whole KV blocks, source to destination, in every layer (a forked sample's private last block); by
+    indexing, as the CPU has no FP8 index_copy_."""
     device = kv_caches[0][0].device
     sources = torch.tensor([source for source, _ in copies], dtype=torch.int64, device=device)
     destinations = torch.tensor([destination for _, destination in copies], dtype=torch.int64, device=device)
     for key_cache, value_cache in kv_caches:
-        key_cache.index_copy_(0, destinations, key_cache.index_select(0, sources))
-        value_cache.index_copy_(0, destinations, value_cache.index_select(0, sources))
+        key_cache[destinations] = key_cache.index_select(0, sources)
+        value_cache[destinations] = value_cache.index_select(0, sources)

@@ -1,0 +1,41 @@
+"""`sluice worker --kv-cache-dtype fp8` through the real services, prefix caching on: the model info names the FP8
+cache, and a story, then its continuation (which reads the story's first block from the prefix cache), come out
+token for token as the same engine generates them in process."""
+import pytest
+
+from sluice.cli.offline import OfflineEngine
+from sluice.client import sampling_params
+from sluice.core.sampling_params import SamplingParams
+from sluice.v1 import generation_pb2 as pb
+from tests.e2e.services import running_services
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+pytestmark = pytest.mark.slow
+
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who every morning"
+CONTINUED = STORY + " walked down to the harbour. One day, he found"
+MAX_TOKENS = 12
+
+
+def _in_process(model_dir, kv_cache_dtype: str, prompts: list[list[int]]) -> list[list[int]]:
+    engine = OfflineEngine(WorkerEngine.load(WorkerConfig(model=str(model_dir), kv_cache_dtype=kv_cache_dtype)),
+                           enable_prefix_caching=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    return [engine.generate([prompt], [params])[0].token_ids for prompt in prompts]
+
+
+def test_served_fp8_cache_generates_what_the_fp8_engine_does(default_model_dir, hf_tokenizer):
+    prompts = [hf_tokenizer(text).input_ids for text in (STORY, CONTINUED)]
+    expected = _in_process(default_model_dir, "fp8", prompts)
+    assert expected[1] != _in_process(default_model_dir, "auto", prompts)[1]  # the continuation tells the caches apart
+    with running_services(default_model_dir, worker_args=["--kv-cache-dtype", "fp8"]) as services:
+        info = services.client.model_info()
+        results = [services.client.generate(pb.GenerateRequest(
+            tokens=pb.TokenIds(ids=prompt),
+            sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))) for prompt in prompts]
+        assert services.wait_until_idle().num_free_blocks == info.num_kv_blocks  # no block held after the requests
+    assert info.kv_cache_dtype == "float8_e4m3fn"
+    assert info.num_kv_blocks == (1 << 30) // (30 * 2 * 3 * 64 * 16)  # the default 1 GiB in one-byte elements
+    assert [result.usage["cached_tokens"] for result in results] == [0, 16]
+    assert [list(result.token_ids) for result in results] == expected
