@@ -57,7 +57,8 @@ class WorkerEngine:
         self.draft_config, self.draft_model = None, None
         if draft is not None:
             self.draft_config = _checked_draft_config(draft[0], model_config, group)
-            self.draft_model = self._build_model(self.draft_config, draft[1])
+            draft_state = with_kv_scales(draft[1], self.draft_config.num_layers)
+            self.draft_model = self._build_model(self.draft_config, draft_state)
         self.runner: ModelRunner | None = None
 
     @classmethod
