@@ -46,7 +46,7 @@ def main() -> None:
 
 
 def _token_ids(model: str, load_format: str, vocab_size: int) -> tuple[list[list[int]], list[int]]:
-    """The ten prompts and the scored text: the real ones through the model's tokenizer, random ids for dummy weights."""
+    """The ten prompts and the scored text: real ones through the model's tokenizer, random ids for dummy weights."""
     if load_format == "dummy":
         generator = torch.Generator().manual_seed(0)
         prompts = [torch.randint(vocab_size, (8 + 2 * i,), generator=generator).tolist() for i in range(10)]
