@@ -1,6 +1,8 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
-fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON.
-Run from the repository root: python benchmarks/fp8_accuracy.py [--model DIR] [--tokens 40] [--dtype float32]."""
+fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON. --what weights compares
+--quantization fp8 with auto, --what kv-cache --kv-cache-dtype fp8 with auto.
+Run from the repository root: python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR] [--tokens 40]
+[--dtype float32]."""
 import argparse
 import json
 
@@ -18,6 +20,7 @@ from worker_svc.engine import WorkerEngine
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--what", choices=["weights", "kv-cache"], default="weights")
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--dtype", default="float32")
@@ -25,8 +28,9 @@ def main() -> None:
     args = parser.parse_args()
     model = str(args.model or default_model())
     tokenizer = AutoTokenizer.from_pretrained(model)
-    exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device,
-                                                 quantization=quantization)) for quantization in ("auto", "fp8"))
+    option = "quantization" if args.what == "weights" else "kv_cache_dtype"
+    exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device, **{option: value}))
+                  for value in ("auto", "fp8"))
     prompts = [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]]
     greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
     ids = tokenizer(TEXT).input_ids
