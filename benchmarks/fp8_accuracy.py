@@ -1,8 +1,9 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
-fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON.
-Run from the repository root: python benchmarks/fp8_accuracy.py [--model DIR] [--tokens 40] [--dtype float32]; with
---load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda) the prompts and the text are random token
-ids."""
+fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON. --what weights compares
+--quantization fp8 with auto, --what kv-cache --kv-cache-dtype fp8 with auto.
+Run from the repository root: python -P benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
+[--tokens 40] [--dtype float32]; with --load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda)
+the prompts and the text are random token ids."""
 import argparse
 import json
 
@@ -20,6 +21,7 @@ from worker_svc.engine import WorkerEngine
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--what", choices=["weights", "kv-cache"], default="weights")
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--dtype", default="float32")
@@ -27,9 +29,10 @@ def main() -> None:
     parser.add_argument("--load-format", default="auto")
     args = parser.parse_args()
     model = str(args.model or default_model())
+    option = "quantization" if args.what == "weights" else "kv_cache_dtype"
     exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device,
-                                                 load_format=args.load_format, quantization=quantization))
-                  for quantization in ("auto", "fp8"))
+                                                 load_format=args.load_format, **{option: value}))
+                  for value in ("auto", "fp8"))
     prompts, ids = _token_ids(model, args.load_format, exact.model_config.vocab_size)
     greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
     logits = [prompt_logits(engine, ids).float().cpu() for engine in (exact, fp8)]
