@@ -22,6 +22,7 @@ from kernels import (
     paged_prefill_attention, paged_prefill_attention_ref, prepare_qkv, prepare_qkv_ref, reshape_and_cache,
     reshape_and_cache_ref, rms_norm, rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref,
 )
+from kernels.kv_quant import KV_FP8
 from worker_svc.models.rope import build_cos_sin_cache
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -150,8 +151,11 @@ def bench_decode(device: str, copy_gbs: float) -> tuple[list[dict], list[dict]]:
         fn = lambda: paged_decode_attention(q, kc, vc, bt, lens, scale)  # noqa: E731
         ms = time_ms(fn)
         gbs = moved / ms / 1e6
+        one = torch.ones((), device=device)
+        kc8, vc8 = kc.to(KV_FP8), vc.to(KV_FP8)
+        fp8_ms = time_ms(lambda: paged_decode_attention(q, kc8, vc8, bt, lens, scale, k_scale=one, v_scale=one))
         rows.append(dict(batch=batch, context=context, ms=ms, eager_ms=eager_ms(fn), gbs=gbs,
-                         frac_of_copy=gbs / copy_gbs))
+                         frac_of_copy=gbs / copy_gbs, fp8_ms=fp8_ms, fp8_gbs=(moved - kv_bytes / 2) / fp8_ms / 1e6))
         for splits in SPLIT_SWEEP:
             s_ms = time_ms(lambda: paged_decode_attention(q, kc, vc, bt, lens, scale, num_splits=splits))
             sweep.append(dict(batch=batch, context=context, num_splits=splits, ms=s_ms, gbs=moved / s_ms / 1e6))
@@ -236,14 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = result["copy_gbs"] = copy_bandwidth_gbs(device)
     print(f"\ndevice-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
     result["decode"], result["decode_split_sweep"] = bench_decode(device, copy_gbs)
-    print("\ndecode attention (16 q heads, 8 kv heads, head_dim 128, bf16)")
-    print(f"{'batch':>6} {'context':>8} {'ms':>8} {'eager ms':>9} {'GB/s':>6} {'of copy':>8}   ms by num_splits "
+    print("\ndecode attention (16 q heads, 8 kv heads, head_dim 128, bf16; fp8: an e4m3 cache)")
+    print(f"{'batch':>6} {'context':>8} {'ms':>8} {'eager ms':>9} {'GB/s':>6} {'of copy':>8} {'fp8 ms':>8} "
+          f"{'fp8 GB/s':>8}   ms by num_splits "
           + " ".join(f"{s:>6}" for s in SPLIT_SWEEP))
     for row in result["decode"]:
         by_split = [r["ms"] for r in result["decode_split_sweep"]
                     if (r["batch"], r["context"]) == (row["batch"], row["context"])]
         print(f"{row['batch']:>6} {row['context']:>8} {row['ms']:>8.4f} {row['eager_ms']:>9.4f} {row['gbs']:>6.0f} "
-              f"{row['frac_of_copy']:>8.0%}   {'':>16} " + " ".join(f"{ms:>6.4f}" for ms in by_split))
+              f"{row['frac_of_copy']:>8.0%} {row['fp8_ms']:>8.4f} {row['fp8_gbs']:>8.0f}   {'':>16} "
+              + " ".join(f"{ms:>6.4f}" for ms in by_split))
 
     result["prefill"] = bench_prefill(device)
     print("\nprefill attention (causal FLOPs only)")

@@ -30,14 +30,6 @@ def load_scale(scale_ptr, IS_FP8: tl.constexpr):
     return 1.0
 
 
-@triton.jit
-def from_cache_element(x, scale, IS_FP8: tl.constexpr):
-    """Cache elements as values: an FP8 cache's times its scale, in float32."""
-    if IS_FP8:
-        x = x.to(tl.float32) * scale
-    return x
-
-
 def check_kv_scales(dtype: torch.dtype, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> bool:
     """Whether the caches are FP8; they must be FP8 with both scales (float32 scalars on their device) or in `dtype`

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import check_kv_scales, from_cache_element, load_scale
+from kernels.kv_quant import check_kv_scales, load_scale
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -30,15 +30,17 @@ def attend_kv_range(
 ):
     """Online-softmax attention of q to context positions [start, end): the whole tiles of [start, full_end), which
     every row sees in full, on the unmasked fast path, then [full_end, end) masked (see _attend_kv_tiles). With
-    KV_FP8 the caches' elements are multiplied by the scales at k_scale_ptr / v_scale_ptr as they are loaded."""
-    k_scale = load_scale(k_scale_ptr, KV_FP8)
+    KV_FP8 the elements go to the dot as they are, and the scales at k_scale_ptr / v_scale_ptr multiply the scores
+    and the probabilities instead (q·(k·s) = (q·k)·s, p·(v·s) = (p·s)·v): a tile's [R, BLOCK_N] values rather than
+    its [BLOCK_N, BLOCK_D] elements."""
+    score_scale = scale_log2 * load_scale(k_scale_ptr, KV_FP8)
     v_scale = load_scale(v_scale_ptr, KV_FP8)
     acc, l, m = _attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, start, full_end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, full_end, score_scale,
         stride_kb, stride_kt, stride_vb, stride_vt,
         HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION, KV_FP8)
     return _attend_kv_tiles(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, full_end, end, scale_log2,
+        acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, full_end, end, score_scale,
         stride_kb, stride_kt, stride_vb, stride_vt,
         HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION, KV_FP8)
 
@@ -46,7 +48,7 @@ def attend_kv_range(
 @triton.jit
 def _attend_kv_tiles(
     acc, l, m, q, q_pos,
-    k_ptr, v_ptr, k_scale, v_scale, block_table_row_ptr, start, end, scale_log2,
+    k_ptr, v_ptr, v_scale, block_table_row_ptr, start, end, score_scale,
     stride_kb, stride_kt, stride_vb, stride_vt,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
@@ -54,10 +56,11 @@ def _attend_kv_tiles(
     """Online-softmax attention of query rows q [R, BLOCK_D] to one sequence's context positions [start, end).
 
     K/V tiles of BLOCK_N positions are gathered through the block table (k_ptr / v_ptr already point at the
-    kv head). Scores are in base 2 (scale_log2 = scale * log2(e)); (acc, l, m) is the running unnormalised output,
-    sum and row max, returned updated. MASKED=False is the fast path for whole tiles that every row sees in full;
-    MASKED=True masks positions >= end and, causally, positions > q_pos[row]. Callers guarantee that each row sees
-    at least one position in the first tile it processes, so m is finite afterwards and exp2(-inf - m) = 0.
+    kv head). Scores are in base 2 (score_scale = scale * log2(e), times an FP8 cache's k scale; v_scale multiplies
+    the probabilities); (acc, l, m) is the running unnormalised output, sum and row max, returned updated.
+    MASKED=False is the fast path for whole tiles that every row sees in full; MASKED=True masks positions >= end
+    and, causally, positions > q_pos[row]. Callers guarantee that each row sees at least one position in the first
+    tile it processes, so m is finite afterwards and exp2(-inf - m) = 0.
     """
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
@@ -70,10 +73,10 @@ def _attend_kv_tiles(
         else:
             kv_mask = d_mask[None, :]  # whole tiles inside the context: only head_dim padding is masked
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
-        k = from_cache_element(tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, KV_FP8)
+        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
 
         # -- scores: [R, BLOCK_N]
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * score_scale
         if MASKED:
             s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
 
@@ -83,8 +86,12 @@ def _attend_kv_tiles(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
-        v = from_cache_element(tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, KV_FP8)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            p_v = (p * v_scale).to(DOT_DTYPE)
+        else:
+            p_v = p.to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p_v, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m = m_new
     return acc, l, m
 
