@@ -3,15 +3,17 @@
 Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights) and records every step's kind (pure
 decode, or carrying prefill tokens), size, and the host time of its launch and of its finish (which waits for the
 device); then runs a second workload (other prompts, so no prefix-cache hits) under torch.profiler windows over mixed
-and decode steps and prints the top operators. JSON goes to the first argument.
+and decode steps and prints the top operators. JSON goes to the first argument; the sampling controls of
+`sluice bench` (`--temperature`, `--top-p`, `--logprobs`, ...) set the requests' (greedy by default).
 """
+import argparse
 import json
 import statistics
-import sys
 import time
 
 from torch.profiler import ProfilerActivity, profile
 
+from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
@@ -64,17 +66,21 @@ class TimedWorker:
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else "gpu_step_profile.json"
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", nargs="?", default="gpu_step_profile.json")
+    parser.add_argument("--seed", type=int, default=0, help="of the sampled draws")
+    add_sampling_options(parser)
+    args = parser.parse_args()
     worker = WorkerEngine.load(WorkerConfig(model=SHAPE, load_format="dummy", dtype="bfloat16", device="cuda"))
     engine = OfflineEngine(worker, max_model_len=4096)
     vocab_size = worker.model_config.vocab_size
-    engine.generate(*_workload(4, vocab_size, seed=2))  # warm-up
+    engine.generate(*_workload(4, vocab_size, 2, args))  # warm-up
     results = {}
     for name, seed, windows in (("timed", 0, {}), ("profiled", 1, {"mixed": range(2, 5), "decode": range(400, 410)})):
         timed = TimedWorker(worker, windows)
         engine.worker = timed
         started = time.perf_counter()
-        outputs = engine.generate(*_workload(256, vocab_size, seed))
+        outputs = engine.generate(*_workload(256, vocab_size, seed, args))
         wall = time.perf_counter() - started
         summary = {"wall_s": wall, "output_tok_per_s": sum(len(o.token_ids) for o in outputs) / wall,
                    "steps": len(timed.steps)}
@@ -91,14 +97,14 @@ def main() -> None:
         for window, table in timed.tables.items():
             print(f"== profile: {window} steps\n{table}", flush=True)
             results[f"profile_{window}"] = table
-    with open(out, "w") as f:
+    with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 
 
-def _workload(num_requests: int, vocab_size: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    requests = random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed)
-    return ([r.prompt_token_ids for r in requests],
-            [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in requests])
+def _workload(num_requests: int, vocab_size: int, seed: int,
+              args: argparse.Namespace) -> tuple[list[list[int]], list[SamplingParams]]:
+    requests = with_sampling(random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed), args)
+    return [r.prompt_token_ids for r in requests], [r.sampling_params() for r in requests]
 
 
 if __name__ == "__main__":

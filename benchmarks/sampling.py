@@ -1,10 +1,12 @@
 """Time one sampling step (the worker's SamplingRows gather + sample, and logprobs where asked) for a batch of rows:
-`python benchmarks/sampling.py [--device cuda] [--batch 256] [--vocab 151936]`. Prints the median per setting."""
+`python benchmarks/sampling.py [--device cuda] [--batch 256] [--vocab 151936] [--profile]`. Prints the median per
+setting, and with --profile the operators that take its device time."""
 import argparse
 import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.rows import SamplingRows
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
     logits = torch.randn(args.batch, args.vocab, device=device) * 3
@@ -47,6 +50,13 @@ def main() -> None:
         times = [_time_step(sampler, request_ids, logits, device) for _ in range(args.steps)]
         print(f"{name:42} {statistics.median(times[3:]) * 1000:8.3f} ms per step "
               f"(batch {args.batch}, vocab {args.vocab}, {device})", flush=True)
+        if args.profile:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=activities) as profiled:
+                for _ in range(5):
+                    _time_step(sampler, request_ids, logits, device)
+            sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            print(profiled.key_averages().table(sort_by=sort_by, row_limit=12), flush=True)
 
 
 if __name__ == "__main__":
