@@ -22,6 +22,7 @@ class RouterTokenizer:
         self.bos_token_id: int | None = self._hf.bos_token_id
         self.pad_token_id: int | None = self._hf.pad_token_id
         self._grammar_tokenizer = llguidance.hf.from_tokenizer(self._hf)
+        self._token_texts: dict[int, str] = {}  # filled as logprobs name tokens: at most one entry per vocab id
 
     def check_text_controls(self, params: SamplingParams) -> None:
         """With a tokenizer, stop strings and bad words can be honoured, and a constraint some token can start."""
@@ -60,8 +61,13 @@ class RouterTokenizer:
         return IncrementalDetokenizer(self._hf.backend_tokenizer)
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
-        """Each token's text on its own (for logprobs)."""
-        return self._hf.batch_decode([[token_id] for token_id in token_ids])
+        """Each token's text on its own (for logprobs), decoded once per token id: a step's logprobs name
+        several tokens for each request, mostly the same ones."""
+        texts = self._token_texts
+        missing = [token_id for token_id in dict.fromkeys(token_ids) if token_id not in texts]
+        if missing:
+            texts.update(zip(missing, self._hf.batch_decode([[token_id] for token_id in missing])))
+        return [texts[token_id] for token_id in token_ids]
 
 
 class IncrementalDetokenizer:

@@ -1,3 +1,5 @@
+from transformers import AutoTokenizer
+
 from router.tokenizer import RouterTokenizer
 
 TEXT = "naïve café — 世界 🎉🎉 done"
@@ -17,3 +19,12 @@ def test_special_tokens_are_not_emitted(default_model_dir):
     tokenizer = RouterTokenizer(default_model_dir)
     eos = 2
     assert tokenizer.detokenizer().push([*tokenizer.encode_text("Paris."), eos]) == "Paris."
+
+
+def test_token_texts_are_each_tokens_own_text_on_every_call(default_model_dir):
+    tokenizer = RouterTokenizer(default_model_dir)
+    token_ids = [*tokenizer.encode_text(TEXT), 2, tokenizer.encode_text(TEXT)[0]]
+    hf_tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    expected = [hf_tokenizer.decode([token_id]) for token_id in token_ids]
+    assert tokenizer.token_texts(token_ids) == expected
+    assert tokenizer.token_texts(token_ids[::-1]) == expected[::-1]
