@@ -118,7 +118,7 @@ def _default_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, devi
     return max(1, min(wanted, triton.cdiv(max_context, MIN_TOKENS_PER_SPLIT), MAX_SPLITS))
 
 
-def _launch_config(device: torch.device) -> dict:
+def _launch_config(device: torch.device, kv_fp8: bool) -> dict:
     # NOTE: on CPU (interpreter) small tiles so small test contexts still cross several tiles and splits.
     if device.type != "cuda":
         return dict(BLOCK_N=16, num_warps=1, num_stages=1)
@@ -126,6 +126,11 @@ def _launch_config(device: torch.device) -> dict:
     # 1/4096, 64/1024, 64/4096, 256/4096 (eager timing, before the unmasked fast path): 64/4/2 totals 1.343 ms
     # (256/4096: 0.962 ms, the fastest), the best total (32/2/2) 1.339 ms; BLOCK_N 128 totals >= 1.391 ms and
     # BLOCK_N 16 1.458 ms.
+    # An FP8 cache moves half the bytes per tile, so longer tiles keep the loads in flight: sweep BLOCK_N {32,64,128}
+    # x warps {4,8} x stages {2,3,4}, eager us for batch/ctx 142/1100, 256/1024, 64/4096, 8/4096: 128/4/2 takes
+    # 156/221/207/88 (bf16 caches at 64/4/2: 189/289/271/121), 64/4/2 145/238/292/176.
+    if kv_fp8:
+        return dict(BLOCK_N=128, num_warps=4, num_stages=2)
     return dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
@@ -159,7 +164,7 @@ def paged_decode_attention(
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    dot_dtype, dot_precision = dot_config(query.dtype, query.device)
+    dot_dtype, dot_precision = dot_config(query.dtype, query.device, kv_fp8)
     block_d = triton.next_power_of_2(head_dim)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
@@ -173,7 +178,7 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device),
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

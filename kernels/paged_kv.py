@@ -96,16 +96,18 @@ def _attend_kv_tiles(
     return acc, l, m
 
 
-def dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:
+def dot_config(dtype: torch.dtype, device: torch.device, kv_fp8: bool) -> tuple[tl.dtype, str]:
     """The dtype tl.dot multiplies in and its fp32 precision mode.
 
     NOTE: the Triton interpreter (CPU) runs tl.dot on bfloat16's raw bit patterns (triton-lang/triton#11584,
     "not supported yet"), so off CUDA every dot runs in fp32. On CUDA, 16-bit inputs go to the tensor cores as they
-    are and fp32 inputs use exact "ieee" products rather than the default tf32.
+    are and fp32 inputs use exact "ieee" products rather than the default tf32. Over an FP8 cache the dots run in
+    float16, which e4m3 converts to in one instruction per pair of elements (bfloat16 takes several; H200, 142
+    sequences of 1,100 tokens: bf16 dots over an FP8 cache ran 0.96x the bf16 cache's time).
     """
     if device.type != "cuda" or dtype == torch.float32:
         return tl.float32, "ieee"
-    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "tf32"
+    return (tl.bfloat16 if dtype == torch.bfloat16 and not kv_fp8 else tl.float16), "tf32"
 
 
 def check_paged_kv(

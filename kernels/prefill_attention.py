@@ -129,7 +129,7 @@ def paged_prefill_attention(
     config = _launch_config(query.device, head_dim, query.element_size())
     block_m = max(config.pop("BLOCK_M"), triton.next_power_of_2(group))
     block_q = block_m // group
-    dot_dtype, dot_precision = dot_config(query.dtype, query.device)
+    dot_dtype, dot_precision = dot_config(query.dtype, query.device, kv_fp8)
     _paged_prefill_attention_kernel[(triton.cdiv(total_q, block_q) + num_seqs, num_kv_heads)](
         query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
         out, block_tables, query_start_loc, seq_lens,
