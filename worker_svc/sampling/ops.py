@@ -19,7 +19,6 @@ from worker_svc.sampling.threshold import ordered_keys, threshold_key
 
 FIXED_POINT_BITS = 40  # a vocabulary below 2**23 keeps every sum of weights below 2**63
 DRAW_SLICE = 1024  # draw's second level: the slice of a row it searches once the slices' sums have picked it
-TOP_K_SLICES = 128  # largest's first stage
 TOP_K_CANDIDATES = 1024  # the most likely tokens the filters look at when every sampled row has top_k <= half of it
 # NOTE: H200, 256 rows of a 151,936 vocabulary (benchmarks/sampling.py), a whole sampling step: temperature 0.8, top-p
 # 0.95, top-k 50 takes 2.10-2.18 ms against 6.19-6.21 ms with the vocabulary sort.
@@ -127,23 +126,6 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return (chosen * DRAW_SLICE + offset).squeeze(1)
 
 
-def largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """values.topk(k) along rows, descending: on a row wide enough, in two stages (the top k of each of
-    TOP_K_SLICES slices, then of those), where one top-k over the whole row would radix-select over all of it."""
-    batch, n = values.shape
-    slice_len = n // TOP_K_SLICES
-    if not 0 < 4 * k <= slice_len:
-        return values.topk(k, dim=-1)
-    whole = TOP_K_SLICES * slice_len
-    top, ids = values[:, :whole].view(batch, TOP_K_SLICES, slice_len).topk(k, dim=-1, sorted=False)
-    ids += torch.arange(0, whole, slice_len, device=values.device).unsqueeze(1)
-    candidates = torch.cat([top.view(batch, -1), values[:, whole:]], dim=1)
-    candidate_ids = torch.cat([ids.view(batch, -1), torch.arange(whole, n, device=values.device).expand(batch, -1)],
-                              dim=1)
-    top, picked = candidates.topk(k, dim=-1)
-    return top, candidate_ids.gather(1, picked)
-
-
 def _first_crossing(cdf: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     total = cdf[:, -1]
     target = torch.minimum((uniform * total).long(), total - 1).unsqueeze(1)
@@ -187,7 +169,7 @@ def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
     if width == vocab_size:
         return torch.arange(vocab_size, device=logits.device).expand_as(logits), \
             _kept_in_token_order(logits, top_k, top_p, min_p)
-    values, token_ids = largest(logits, width)
+    values, token_ids = logits.topk(width, dim=-1)
     token_ids, by_id = token_ids.sort(dim=-1)
     values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
     token_ids = token_ids.gather(1, by_value)

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 import torch
 
 from sluice.core.logprobs import Logprobs
-from worker_svc.sampling.ops import largest
 
 
 @dataclass(slots=True)
@@ -40,7 +39,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[t
     normaliser = logits.logsumexp(dim=-1, keepdim=True)
     chosen = logits.gather(1, token_ids.unsqueeze(1))
     ranks = (logits > chosen).sum(dim=1) + 1
-    top_logits, top_ids = largest(logits, num_top)
+    top_logits, top_ids = logits.topk(num_top, dim=-1)
     return LogprobTensors(groups, token_ids, (chosen - normaliser).squeeze(1), ranks, top_ids,
                           top_logits - normaliser)
 
