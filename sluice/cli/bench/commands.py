@@ -206,7 +206,8 @@ def _latency(args) -> None:
     else:
         result = _through_grpc(args, requests, concurrency=1)
         summary = {"name": "sluice (gRPC stack)", "ms_per_token": result["tpot_ms"]["p50"],
-                   "ttft_ms": result["ttft_ms"]["p50"], "busy_cores": result["busy_cores"]}
+                   "ttft_ms": result["ttft_ms"]["p50"], "duration_s": result["duration_s"],
+                   "busy_cores": result["busy_cores"]}
     print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
     _write(args.out, {"workload": _vars_of(args), "results": [summary]})
 
