@@ -103,7 +103,7 @@ def dot_config(dtype: torch.dtype, device: torch.device, kv_fp8: bool) -> tuple[
     "not supported yet"), so off CUDA every dot runs in fp32. On CUDA, 16-bit inputs go to the tensor cores as they
     are and fp32 inputs use exact "ieee" products rather than the default tf32. Over an FP8 cache the dots run in
     float16, which e4m3 converts to in one instruction per pair of elements (bfloat16 takes several; H200, 142
-    sequences of 1,100 tokens: bf16 dots over an FP8 cache ran 0.96x the bf16 cache's time).
+    sequences of 1,100 tokens: bf16 dots over an FP8 cache ran 0.96x the bf16 cache's time, float16 dots 0.77x).
     """
     if device.type != "cuda" or dtype == torch.float32:
         return tl.float32, "ieee"

@@ -117,8 +117,7 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     slice_sums = torch.cat([weights[:, :whole].view(batch, num_slices, DRAW_SLICE).sum(dim=-1),
                             weights[:, whole:].sum(dim=-1, keepdim=True)], dim=1)
     slice_cdf = slice_sums.cumsum(dim=-1)
-    total = slice_cdf[:, -1]
-    target = torch.minimum((uniform * total).long(), total - 1).unsqueeze(1)
+    target = _target(uniform, slice_cdf[:, -1])
     chosen = torch.searchsorted(slice_cdf, target, right=True)  # [batch, 1]
     before = (slice_cdf - slice_sums).gather(1, chosen)
     positions = chosen * DRAW_SLICE + torch.arange(DRAW_SLICE, device=weights.device)
@@ -128,9 +127,12 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def _first_crossing(cdf: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    total = cdf[:, -1]
-    target = torch.minimum((uniform * total).long(), total - 1).unsqueeze(1)
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return torch.searchsorted(cdf, _target(uniform, cdf[:, -1]), right=True).squeeze(1)
+
+
+def _target(uniform: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The cumulative weight [batch, 1] that the drawn index's must exceed."""
+    return torch.minimum((uniform * total).long(), total - 1).unsqueeze(1)
 
 
 def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
