@@ -2,12 +2,14 @@
 starts again each one that exits."""
 import contextlib
 import logging
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
@@ -15,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger("sluice.serve")
 _POLL_SECONDS = 0.2
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PICKED_PORT = 20000
 
 
 @dataclass(slots=True)
@@ -45,12 +49,31 @@ class ServeLayout:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct ports: each socket stays bound until all are picked."""
+    """Distinct ports that a service can still bind after a wait: they lie below the kernel's ephemeral range, so no
+    outgoing connection takes one in the meantime (a port the kernel hands out for bind(0) is in that range and is
+    free again the moment its socket closes). Each socket stays bound until all are picked."""
+    first_ephemeral = _first_ephemeral_port()
+    candidates = list(range(_LOWEST_PICKED_PORT, first_ephemeral))
+    random.shuffle(candidates)
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        ports = []
+        for port in candidates:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise OSError(f"fewer than {count} free ports on {host} below {first_ephemeral}")
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,17 @@
+"""The ports `sluice serve` and the tests hand to services stay bindable while outgoing connections come and go."""
+import contextlib
+import socket
+
+from sluice.cli.launcher import _first_ephemeral_port, free_ports
+
+
+def test_picked_ports_are_distinct_and_no_outgoing_connection_takes_one():
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    assert all(port < _first_ephemeral_port() for port in ports)
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.create_server(("127.0.0.1", 0), backlog=256))
+        outgoing = [stack.enter_context(socket.create_connection(listener.getsockname())) for _ in range(200)]
+        assert not {sock.getsockname()[1] for sock in outgoing} & set(ports)
+        for port in ports:
+            stack.enter_context(socket.create_server(("127.0.0.1", port)))
