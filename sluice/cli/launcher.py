@@ -1,6 +1,5 @@
 """`sluice serve`: starts worker, scheduler and router as three processes, waits until the router is ready, and
 starts again each one that exits."""
-import contextlib
 import logging
 import random
 import signal
@@ -19,6 +18,7 @@ log = logging.getLogger("sluice.serve")
 _POLL_SECONDS = 0.2
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_PICKED_PORT = 20000
+_HANDED_OUT: set[int] = set()
 
 
 @dataclass(slots=True)
@@ -51,21 +51,22 @@ class ServeLayout:
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Distinct ports that a service can still bind after a wait: they lie below the kernel's ephemeral range, so no
     outgoing connection takes one in the meantime (a port the kernel hands out for bind(0) is in that range and is
-    free again the moment its socket closes). Each socket stays bound until all are picked."""
+    free again the moment its socket closes). A port is handed out once per process: one picked earlier may not be
+    bound yet."""
     first_ephemeral = _first_ephemeral_port()
-    candidates = list(range(_LOWEST_PICKED_PORT, first_ephemeral))
+    candidates = [port for port in range(_LOWEST_PICKED_PORT, first_ephemeral) if port not in _HANDED_OUT]
     random.shuffle(candidates)
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for port in candidates:
-            sock = stack.enter_context(socket.socket())
+    ports = []
+    for port in candidates:
+        with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            ports.append(port)
-            if len(ports) == count:
-                return ports
+        ports.append(port)
+        if len(ports) == count:
+            _HANDED_OUT.update(ports)
+            return ports
     raise OSError(f"fewer than {count} free ports on {host} below {first_ephemeral}")
 
 

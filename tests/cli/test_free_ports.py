@@ -8,6 +8,7 @@ from sluice.cli.launcher import _first_ephemeral_port, free_ports
 def test_picked_ports_are_distinct_and_no_outgoing_connection_takes_one():
     ports = free_ports(8)
     assert len(set(ports)) == 8
+    assert not set(free_ports(500)) & set(ports)  # nor does a later pick, before the services bind them
     assert all(port < _first_ephemeral_port() for port in ports)
     with contextlib.ExitStack() as stack:
         listener = stack.enter_context(socket.create_server(("127.0.0.1", 0), backlog=256))
