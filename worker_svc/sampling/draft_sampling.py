@@ -18,8 +18,7 @@ def draw_proposals(logits: torch.Tensor, tensors: SamplingTensors) -> tuple[torc
     if draws is None:
         return greedy_tokens, None
     token_ids, weights = sampling_weights(logits, draws)
-    seeds = draws.seeds ^ draws.seeds.new_tensor([0, _DRAFT_STREAM])
-    drawn = drawn_tokens(token_ids, weights, seeded_uniform(seeds, draws.output_positions))
+    drawn = drawn_tokens(token_ids, weights, seeded_uniform(draws.seeds, draws.output_positions, _DRAFT_STREAM))
     probs = (weights.double() / weights.sum(dim=-1, keepdim=True)).float()
     if token_ids is not None:
         probs = probs.new_zeros(logits.shape).scatter_(1, token_ids, probs)

@@ -73,19 +73,36 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     draws = tensors.draws
     if draws is None:
         return greedy_tokens
+    uniform = seeded_uniform(draws.seeds, draws.output_positions)
+    if logits.is_cuda and draws.filter_width not in (None, logits.shape[-1]):
+        return _drawn_from_candidates_on_gpu(logits, draws, uniform, greedy_tokens)
     token_ids, weights = sampling_weights(logits, draws)
-    sampled = drawn_tokens(token_ids, weights, seeded_uniform(draws.seeds, draws.output_positions))
-    return torch.where(draws.temperature == 0, greedy_tokens, sampled)
+    return torch.where(draws.temperature == 0, greedy_tokens, drawn_tokens(token_ids, weights, uniform))
+
+
+def _drawn_from_candidates_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor,
+                                  greedy_tokens: torch.Tensor) -> torch.Tensor:
+    """sample's draw from each row's most likely tokens, filtered and drawn by one kernel: the same tokens as
+    kept_tokens and drawn_tokens give (tests/kernels/test_candidate_draw.py)."""
+    from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
+    values, token_ids = _scaled(logits, draws.temperature).topk(draws.filter_width, dim=-1, sorted=False)
+    probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
+    return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform, greedy_tokens,
+                          draws.temperature)
 
 
 def sampling_weights(logits: torch.Tensor, draws: RandomDraws) -> tuple[torch.Tensor | None, torch.Tensor]:
     """What the drawing rows draw from, given processed logits: after temperature, top-k, top-p and min-p, the
     kept tokens (None: the whole vocabulary, in token order) and their fixed-point weights. Greedy rows get
     temperature 1 here; their token is the argmax."""
-    logits = logits / torch.where(draws.temperature == 0, 1.0, draws.temperature).unsqueeze(1)
+    logits = _scaled(logits, draws.temperature)
     if draws.filter_width is None:
         return None, fixed_point(unnormalised_probs(logits))
     return kept_tokens(logits, draws.top_k, draws.top_p, draws.min_p, draws.filter_width)
+
+
+def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    return logits / torch.where(temperature == 0, 1.0, temperature).unsqueeze(1)
 
 
 def drawn_tokens(token_ids: torch.Tensor | None, weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -172,7 +189,7 @@ def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
     if width == vocab_size:
         return torch.arange(vocab_size, device=logits.device).expand_as(logits), \
             _kept_in_token_order(logits, top_k, top_p, min_p)
-    values, token_ids = logits.topk(width, dim=-1)
+    values, token_ids = logits.topk(width, dim=-1, sorted=False)  # put in order below, ties by token id
     token_ids, by_id = token_ids.sort(dim=-1)
     values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
     token_ids = token_ids.gather(1, by_value)

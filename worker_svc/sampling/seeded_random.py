@@ -2,7 +2,8 @@
 on the rest of the batch nor on any generator's state, and costs one hash per row, not per token.
 
 Integers stay below 2**32 in int64 tensors and every product below 2**63, so the arithmetic is exact on any device.
-The mixing function is Chris Wellons' "lowbias32" integer hash (a bijection on 32-bit integers).
+The mixing function is Chris Wellons' "lowbias32" integer hash (a bijection on 32-bit integers). On a GPU, one
+Triton kernel (kernels.seeded_uniform) computes the same numbers that the eighty-odd tensor operations here do.
 """
 import torch
 
@@ -24,8 +25,17 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    # seeds: [batch, 2] int64 (low, high 32 bits); positions: [batch] int64 -> [batch] float64, uniform in (0, 1)
-    key = hash32(hash32(hash32(seeds[:, 0]) ^ seeds[:, 1]) ^ (positions & _MASK32))
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """seeds: [batch, 2] int64 (low, high 32 bits); positions: [batch] int64; stream: below 2**32, mixed into the
+    seeds' high words (a second sequence per seed) -> [batch] float64, uniform in (0, 1)."""
+    if seeds.is_cuda:
+        from kernels.seeded_uniform import seeded_uniform as kernel  # every CUDA build of torch brings Triton
+        return kernel(seeds, positions, stream)
+    return seeded_uniform_torch(seeds, positions, stream)
+
+
+def seeded_uniform_torch(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    key = hash32(hash32(hash32(seeds[:, 0]) ^ seeds[:, 1] ^ stream) ^ (positions & _MASK32))
     high, low = key, hash32(key ^ 0x5BD1E995)
     return ((high << 20) + (low >> 12)).double().add_(0.5).mul_(2.0**-52)
+
