@@ -7,6 +7,8 @@
 #   throughput  the standard workload in process and through the gRPC stack
 #   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
 #   serve       8 req/s of 1k in / 256 out on Llama-3.1-8B against `sluice serve`
+#   sampling    the sampling tests on the GPU (its kernels against the torch path), the sampling step alone at 256 x
+#               151,936, and the standard workload greedy and sampled through gRPC
 #   kernels     the kernel tests and benchmarks
 #   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
 set -uo pipefail
@@ -16,7 +18,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 DUMMY=(--load-format dummy --dtype bfloat16 --device cuda)
 bench() { timeout 200 python3 -m sluice.cli --log-level WARNING bench "$@" 2> >(grep -v Warning | tail -20 >&2) | tail -3; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
-for stage in ${STAGES:-agreement worker profile throughput latency serve kernels}; do
+for stage in ${STAGES:-agreement worker profile throughput latency serve sampling kernels}; do
   echo "== $stage $(date +%T)"
   case $stage in
     agreement) timeout 300 python3 benchmarks/gpu_agreement.py "$OUT/agreement.json" 2>&1 | grep -v Warning | tail -12 ;;
@@ -45,6 +47,16 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve kernels
     linear)
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_linear.py 2>&1 | tail -3
       timeout 400 python3 benchmarks/kernel_linear.py "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
+    sampling)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_seeded_uniform.py \
+        tests/kernels/test_candidate_draw.py tests/worker/test_sampler.py tests/worker/test_sampling_search.py \
+        tests/worker/test_speculative_sampling.py 2>&1 | tail -5 | tee "$OUT/sampling_tests.txt"
+      timeout 200 python3 benchmarks/sampling.py --device cuda --batch 256 --vocab 151936 2>&1 | grep "per step"
+      for flags in "" "--temperature 0.8 --top-p 0.95 --top-k 50" "--temperature 0.8 --top-p 0.95" \
+          "--temperature 0.7 --repetition-penalty 1.1 --frequency-penalty 0.2 --logprobs 5"; do
+        echo "-- ${flags:-greedy}"
+        bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/throughput_${flags//[ .-]/}.json"
+      done ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 benchmarks/kernels.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
