@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-_FIXED_POINT_ONE: tl.constexpr = 2.0**40  # worker_svc.sampling.ops.FIXED_POINT_BITS
+_FIXED_POINT_ONE = tl.constexpr(2.0**40)  # worker_svc.sampling.ops.FIXED_POINT_BITS
 _CHUNK = 16  # the other candidates compared at once
 
 

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 _MASK32 = 0xFFFFFFFF
-_ULP: tl.constexpr = 2.0**-52  # the uniforms are 52 bits of hash, each half a step above its multiple of this
+_ULP = tl.constexpr(2.0**-52)  # the uniforms are 52 bits of hash, each half a step above its multiple of this
 
 
 @triton.jit

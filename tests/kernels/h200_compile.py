@@ -1,0 +1,41 @@
+"""Compiles the sampling kernels for the H200 (sm_90) with Triton's own ptxas, no GPU needed, and prints one line
+per variant: `python -m tests.kernels.h200_compile` (without TRITON_INTERPRET, under which @triton.jit makes
+interpreted functions that do not compile)."""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.candidate_draw import _candidate_draw_kernel
+from kernels.seeded_uniform import _seeded_uniform_kernel
+
+H200 = GPUTarget("cuda", 90, 32)
+SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp64", "num_rows": "i32",
+                  "seed_stride": "i32", "seed_word_stride": "i32", "position_stride": "i32"}
+CANDIDATE_DRAW = {
+    "values_ptr": "*fp32", "ids_ptr": "*i64", "probs_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
+    "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "greedy_ptr": "*i64", "temperature_ptr": "*fp32",
+    "scratch_ptr": "*i64", "out_ptr": "*i64", "width": "i32", "row_stride": "i32", "top_k_stride": "i32",
+    "top_p_stride": "i32", "min_p_stride": "i32", "temperature_stride": "i32",
+}
+
+
+def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
+    signature = signature | dict.fromkeys(constexprs, "constexpr")
+    source = ASTSource(kernel, signature, constexprs)
+    return triton.compile(source, target=H200, options={"num_warps": num_warps}).asm["ptx"]
+
+
+def main() -> None:
+    for stream_type in ("i32", "u32"):  # Triton types an int argument by its value
+        ptx = compiled_ptx(_seeded_uniform_kernel, SEEDED_UNIFORM | {"stream": stream_type}, {"BLOCK": 128}, 4)
+        print(f"seeded_uniform stream {stream_type}: {len(ptx)} bytes of PTX")
+    for top_p in (False, True):
+        for min_p in (False, True):
+            constexprs = {"HAS_TOP_K": True, "HAS_TOP_P": top_p, "HAS_MIN_P": min_p, "BLOCK": 1024, "CHUNK": 16}
+            ptx = compiled_ptx(_candidate_draw_kernel, CANDIDATE_DRAW, constexprs, 8)
+            print(f"candidate_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX, "
+                  f"{'spills to local memory' if '.local' in ptx else 'no spills'}")
+
+
+if __name__ == "__main__":
+    main()
