@@ -5,8 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import llguidance
-import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
 import torch
 
 from sluice.core.grammar import grammar_for, matcher_error
@@ -15,6 +14,7 @@ from sluice.core.sampling_params import SamplingParams
 
 def load_llguidance_tokenizer(model_path: Path, vocab_size: int,
                               eos_token_ids: tuple[int, ...]) -> llguidance.LLTokenizer:
+    import llguidance.hf  # imports transformers, as the next line does: a worker of random weights needs neither
     from transformers import AutoTokenizer
 
     if model_path.suffix == ".gguf":
@@ -71,11 +71,12 @@ class GrammarMatchers:
         rows = {r: (self._matchers[r], i) for i, r in enumerate(request_ids) if r in self._matchers}
         if not rows:
             return None
-        bitmask = llguidance.torch.allocate_token_bitmask(len(request_ids), self.vocab_size)
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, list(rows.values()), bitmask)
+        bitmask = llguidance.numpy.allocate_token_bitmask(len(request_ids), self.vocab_size)
+        llguidance.numpy.fill_next_token_bitmask_par(self._executor, list(rows.values()), bitmask)
         for request_id, (matcher, _) in rows.items():
             self._drop_if_failed(request_id, matcher)  # a mask without a token that continues fails the matcher
-        bits = (bitmask.to(self.device).unsqueeze(-1) >> self._bit_positions) & 1  # [batch, words, 32]
+        words = torch.from_numpy(bitmask).to(self.device)
+        bits = (words.unsqueeze(-1) >> self._bit_positions) & 1  # [batch, words, 32]
         return bits.flatten(1)[:, :self.vocab_size].bool()
 
     def advance(self, request_ids: list[str], token_ids: list[int]) -> list[str]:
