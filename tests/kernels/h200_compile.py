@@ -1,11 +1,12 @@
-"""Compiles the sampling kernels for the H200 (sm_90) with Triton's own ptxas, no GPU needed, and prints one line
-per variant: `python -m tests.kernels.h200_compile` (without TRITON_INTERPRET, under which @triton.jit makes
-interpreted functions that do not compile)."""
+"""Compiles the sampling and logprob kernels for the H200 (sm_90) with Triton's own ptxas, no GPU needed, and
+prints one line per variant: `python -m tests.kernels.h200_compile` (without TRITON_INTERPRET, under which
+@triton.jit makes interpreted functions that do not compile)."""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.candidate_draw import _candidate_draw_kernel
+from kernels.logprob_stats import _chunk_stats_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -17,6 +18,10 @@ CANDIDATE_DRAW = {
     "scratch_ptr": "*i64", "out_ptr": "*i64", "width": "i32", "row_stride": "i32", "top_k_stride": "i32",
     "top_p_stride": "i32", "min_p_stride": "i32", "temperature_stride": "i32",
 }
+
+LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32",
+                 "above_ptr": "*i32", "top_values_ptr": "*fp32", "top_ids_ptr": "*i64", "vocab": "i32",
+                 "row_stride": "i32"}
 
 
 def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
@@ -35,6 +40,9 @@ def main() -> None:
             ptx = compiled_ptx(_candidate_draw_kernel, CANDIDATE_DRAW, constexprs, 8)
             print(f"candidate_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX, "
                   f"{'spills to local memory' if '.local' in ptx else 'no spills'}")
+    for num_top in (0, 5, 20):
+        ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
+        print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
 
 
 if __name__ == "__main__":

@@ -35,13 +35,17 @@ class LogprobTensors:
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[tuple[str, int, int]],
                    num_top: int) -> LogprobTensors:
     """logits: [rows, vocab] raw; token_ids: [rows]; num_top: the largest of the rows' groups. Reductions over the
-    logits as they are (a logprob is the logit less the row's logsumexp): no second [rows, vocab] tensor is made."""
-    normaliser = logits.logsumexp(dim=-1, keepdim=True)
-    chosen = logits.gather(1, token_ids.unsqueeze(1))
-    ranks = (logits > chosen).sum(dim=1) + 1
-    top_logits, top_ids = logits.topk(num_top, dim=-1)
-    return LogprobTensors(groups, token_ids, (chosen - normaliser).squeeze(1), ranks, top_ids,
-                          top_logits - normaliser)
+    logits as they are (a logprob is the logit less the row's logsumexp): no second [rows, vocab] tensor is made. On
+    a GPU one kernel (kernels.logprob_stats) reads the logits once for all of them."""
+    chosen = logits.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    if logits.is_cuda:
+        from kernels.logprob_stats import logprob_stats  # every CUDA build of torch brings Triton
+        normaliser, ranks, top_logits, top_ids = logprob_stats(logits, token_ids, num_top)
+    else:
+        normaliser = logits.logsumexp(dim=-1)
+        ranks = (logits > chosen.unsqueeze(1)).sum(dim=1) + 1
+        top_logits, top_ids = logits.topk(num_top, dim=-1)
+    return LogprobTensors(groups, token_ids, chosen - normaliser, ranks, top_ids, top_logits - normaliser.unsqueeze(1))
 
 
 def joined(parts: list[LogprobTensors], groups: list[tuple[str, int, int]]) -> LogprobTensors:

@@ -1,0 +1,58 @@
+"""What a row's logprobs need from its logits, read once: per chunk of the vocabulary its largest logit, the sum of
+exp(logit - that), how many logits exceed the row's chosen one, and its num_top largest logits with their token ids.
+The chunks then reduce to the row's normaliser, the chosen token's rank and the row's top tokens over a few hundred
+candidates, where torch.logsumexp, a comparison over the row and torch.topk each read the whole row (the top-k in
+several passes). Reference: worker_svc.sampling.token_logprobs, which the CPU runs."""
+import torch
+import triton
+import triton.language as tl
+
+_CHUNK = 2048  # vocabulary entries per program
+
+
+@triton.jit
+def _chunk_stats_kernel(logits_ptr, token_ids_ptr, max_ptr, sum_ptr, above_ptr, top_values_ptr, top_ids_ptr, vocab,
+                        row_stride, NUM_TOP: tl.constexpr, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    out = row * tl.num_programs(1) + chunk
+    offsets = tl.arange(0, CHUNK)
+    columns = chunk * CHUNK + offsets
+    logits_ptr += row * row_stride
+    x = tl.load(logits_ptr + columns, mask=columns < vocab, other=float("-inf")).to(tl.float32)
+    chosen = tl.load(logits_ptr + tl.load(token_ids_ptr + row)).to(tl.float32)
+    largest = tl.max(x, axis=0)
+    tl.store(max_ptr + out, largest)
+    tl.store(sum_ptr + out, tl.sum(tl.exp(x - largest), axis=0))
+    tl.store(above_ptr + out, tl.sum((x > chosen).to(tl.int32), axis=0))
+    for t in tl.static_range(NUM_TOP):  # the largest left, first among ties the lowest id, then drop it
+        value, index = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(top_values_ptr + out * NUM_TOP + t, value)
+        tl.store(top_ids_ptr + out * NUM_TOP + t, (chunk * CHUNK + index).to(tl.int64))
+        x = tl.where(offsets == index, float("-inf"), x)
+
+
+def logprob_stats(logits: torch.Tensor, token_ids: torch.Tensor,
+                  num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits: [rows, vocab] float32, rows contiguous; token_ids: [rows] int64, each row's chosen token. -> each row's
+    log-normaliser (logsumexp) [rows], the chosen token's rank (1 + how many logits exceed its) [rows] int64, and its
+    num_top largest logits [rows, num_top] float32 with their token ids [rows, num_top] int64, largest first."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("logits rows must be contiguous")
+    if vocab < num_top:
+        raise ValueError(f"num_top {num_top} exceeds the vocabulary ({vocab})")
+    num_chunks = triton.cdiv(vocab, _CHUNK)
+    device = logits.device
+    maxes = torch.empty(rows, num_chunks, device=device)
+    sums = torch.empty(rows, num_chunks, device=device)
+    above = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
+    top_values = torch.empty(rows, num_chunks * num_top, device=device)
+    top_ids = torch.empty(rows, num_chunks * num_top, dtype=torch.int64, device=device)
+    if rows:
+        _chunk_stats_kernel[(rows, num_chunks)](logits, token_ids, maxes, sums, above, top_values, top_ids, vocab,
+                                                logits.stride(0), NUM_TOP=num_top, CHUNK=_CHUNK, num_warps=8)
+    largest = maxes.amax(dim=1, keepdim=True)
+    normaliser = (largest + (sums * (maxes - largest).exp_()).sum(dim=1, keepdim=True).log_()).squeeze(1)
+    values, chosen = top_values.topk(num_top, dim=1)
+    return normaliser, above.sum(dim=1) + 1, values, top_ids.gather(1, chosen)
