@@ -8,6 +8,7 @@ from triton.compiler import ASTSource
 from kernels.candidate_draw import _candidate_draw_kernel
 from kernels.logprob_stats import _chunk_stats_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
+from kernels.weighted_draw import _weighted_draw_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp64", "num_rows": "i32",
@@ -22,6 +23,8 @@ CANDIDATE_DRAW = {
 LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32",
                  "above_ptr": "*i32", "top_values_ptr": "*fp32", "top_ids_ptr": "*i64", "vocab": "i32",
                  "row_stride": "i32"}
+
+WEIGHTED_DRAW = {"weights_ptr": "*i64", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32", "row_stride": "i32"}
 
 
 def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
@@ -43,6 +46,8 @@ def main() -> None:
     for num_top in (0, 5, 20):
         ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
+    ptx = compiled_ptx(_weighted_draw_kernel, WEIGHTED_DRAW, {"BLOCK": 2048}, 8)
+    print(f"weighted_draw: {len(ptx)} bytes of PTX")
 
 
 if __name__ == "__main__":

@@ -125,7 +125,11 @@ def fixed_point(probs: torch.Tensor) -> torch.Tensor:
 def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The first index whose cumulative weight exceeds `uniform` times the total (a weight of 0 is never drawn).
     weights: [batch, n] int64. A wide row is searched in two levels, slices' sums then one slice, rather than by a
-    cumulative sum over the whole row; the sums are exact, so both find the same index."""
+    cumulative sum over the whole row; on a GPU, one kernel scans each row (kernels.weighted_draw). The sums are
+    exact, so all three find the same index."""
+    if weights.is_cuda:
+        from kernels.weighted_draw import weighted_draw  # every CUDA build of torch brings Triton
+        return weighted_draw(weights, uniform)
     batch, n = weights.shape
     num_slices = n // DRAW_SLICE
     if num_slices < 2:
