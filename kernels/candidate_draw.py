@@ -15,9 +15,8 @@ _CHUNK = 16  # the other candidates compared at once
 
 
 @triton.jit
-def _candidate_draw_kernel(values_ptr, ids_ptr, probs_ptr, top_k_ptr, top_p_ptr, min_p_ptr, uniform_ptr, greedy_ptr,
-                           temperature_ptr, scratch_ptr, out_ptr, width, row_stride, top_k_stride, top_p_stride,
-                           min_p_stride, temperature_stride,
+def _candidate_draw_kernel(values_ptr, ids_ptr, probs_ptr, top_k_ptr, top_p_ptr, min_p_ptr, uniform_ptr, scratch_ptr,
+                           out_ptr, width, row_stride, top_k_stride, top_p_stride, min_p_stride,
                            HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
                            BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -73,19 +72,15 @@ def _candidate_draw_kernel(values_ptr, ids_ptr, probs_ptr, top_k_ptr, top_p_ptr,
     total = tl.sum(weight, axis=0)
     target = tl.minimum((tl.load(uniform_ptr + row) * total.to(tl.float64)).to(tl.int64), total - 1)
     drawn = (weight > 0) & (weight_up_to > target) & (weight_up_to - weight <= target)
-    drawn_token = tl.max(tl.where(drawn, token, -1), axis=0)
-    greedy = tl.load(temperature_ptr + row * temperature_stride) == 0
-    tl.store(out_ptr + row, tl.where(greedy, tl.load(greedy_ptr + row), drawn_token))
+    tl.store(out_ptr + row, tl.max(tl.where(drawn, token, -1), axis=0))
 
 
 def candidate_draw(values: torch.Tensor, token_ids: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor | None,
-                   top_p: torch.Tensor | None, min_p: torch.Tensor | None, uniform: torch.Tensor,
-                   greedy_tokens: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+                   top_p: torch.Tensor | None, min_p: torch.Tensor | None, uniform: torch.Tensor) -> torch.Tensor:
     """values: [batch, width] float32, each row's candidates' temperature-scaled logits, in any order; token_ids:
     [batch, width] int64, theirs; probs: [batch, width] float32, exp(value - the row's largest); top_k [batch] int64,
-    top_p and min_p [batch] float32, each None where no row uses it; uniform: [batch] float64; greedy_tokens: [batch]
-    int64, the token of each row whose temperature is 0; the [batch] tensors may be strided. -> [batch] int64, each
-    row's token."""
+    top_p and min_p [batch] float32, each None where no row uses it, and strided or not; uniform: [batch] float64.
+    -> [batch] int64, the token each row draws."""
     batch, width = values.shape
     if not (values.is_contiguous() and token_ids.is_contiguous() and probs.is_contiguous()):
         raise ValueError("values, token_ids and probs must be contiguous")
@@ -95,8 +90,7 @@ def candidate_draw(values: torch.Tensor, token_ids: torch.Tensor, probs: torch.T
         scratch = torch.empty(batch, block, dtype=torch.int64, device=values.device)
         filters = [uniform if f is None else f for f in (top_k, top_p, min_p)]  # unread where a filter is off
         _candidate_draw_kernel[(batch,)](
-            values, token_ids, probs, *filters, uniform, greedy_tokens, temperature, scratch, out, width,
-            values.stride(0), *(f.stride(0) for f in filters), temperature.stride(0), HAS_TOP_K=top_k is not None,
-            HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None, BLOCK=block, CHUNK=min(_CHUNK, block),
-            num_warps=8)
+            values, token_ids, probs, *filters, uniform, scratch, out, width, values.stride(0),
+            *(f.stride(0) for f in filters), HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+            HAS_MIN_P=min_p is not None, BLOCK=block, CHUNK=min(_CHUNK, block), num_warps=8)
     return out

@@ -15,9 +15,8 @@ SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp6
                   "seed_stride": "i32", "seed_word_stride": "i32", "position_stride": "i32"}
 CANDIDATE_DRAW = {
     "values_ptr": "*fp32", "ids_ptr": "*i64", "probs_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
-    "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "greedy_ptr": "*i64", "temperature_ptr": "*fp32",
-    "scratch_ptr": "*i64", "out_ptr": "*i64", "width": "i32", "row_stride": "i32", "top_k_stride": "i32",
-    "top_p_stride": "i32", "min_p_stride": "i32", "temperature_stride": "i32",
+    "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "scratch_ptr": "*i64", "out_ptr": "*i64", "width": "i32",
+    "row_stride": "i32", "top_k_stride": "i32", "top_p_stride": "i32", "min_p_stride": "i32",
 }
 
 LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32",
@@ -46,8 +45,10 @@ def main() -> None:
     for num_top in (0, 5, 20):
         ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
-    ptx = compiled_ptx(_weighted_draw_kernel, WEIGHTED_DRAW, {"BLOCK": 2048}, 8)
-    print(f"weighted_draw: {len(ptx)} bytes of PTX")
+    for weights_type in ("*i64", "*fp32"):
+        ptx = compiled_ptx(_weighted_draw_kernel, WEIGHTED_DRAW | {"weights_ptr": weights_type},
+                           {"FROM_PROBS": weights_type == "*fp32", "BLOCK": 2048}, 8)
+        print(f"weighted_draw of {weights_type[1:]}: {len(ptx)} bytes of PTX")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.ops import (
     TOP_K_CANDIDATES,
     RandomDraws,
-    _drawn_from_candidates_on_gpu,
+    _drawn_on_gpu,
     drawn_tokens,
     sample,
     sampling_weights,
@@ -59,22 +59,22 @@ def test_draws_the_tokens_of_the_torch_path(device, filters):
     values, candidates = values.gather(1, shuffled), candidates.gather(1, shuffled)
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
     on_device = [t.to(device) if t is not None else None for t in (
-        values, candidates, probs, draws.top_k, draws.top_p, draws.min_p, uniform, greedy_tokens)]
-    drawn = candidate_draw(*on_device, table.to(device)[:, 0])
-    assert torch.equal(drawn.cpu(), expected)
+        values, candidates, probs, draws.top_k, draws.top_p, draws.min_p, uniform)]
+    drawn = torch.where(draws.temperature == 0, greedy_tokens, candidate_draw(*on_device).cpu())
+    assert torch.equal(drawn, expected)
     assert len(set(expected.tolist())) > batch // 4  # the draws spread over many tokens
 
 
 def test_an_empty_batch(device):
     empty = torch.zeros(0, WIDTH, device=device)
     ids = torch.zeros(0, WIDTH, dtype=torch.int64, device=device)
-    rows = torch.zeros(0, device=device)
-    drawn = candidate_draw(empty, ids, empty, ids[:, 0], None, None, rows.double(), ids[:, 0], rows)
+    drawn = candidate_draw(empty, ids, empty, ids[:, 0], None, None, torch.zeros(0, device=device).double())
     assert drawn.shape == (0,)
 
 
 def test_the_gpu_step_draws_what_the_cpu_step_draws(device):
-    """sample's GPU branch (topk, then the kernel) over the rows SamplingRows gathers, against its torch branch."""
+    """sample's GPU branch (topk, then the kernel) over the rows SamplingRows gathers, against its torch branch; the
+    draw from probabilities without filters likewise."""
     vocab = 2 * TOP_K_CANDIDATES
     rows = SamplingRows(vocab, (0,), device)
     settings = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=50, top_p=0.9),
@@ -86,6 +86,9 @@ def test_the_gpu_step_draws_what_the_cpu_step_draws(device):
     draws = tensors.draws
     assert draws.filter_width == TOP_K_CANDIDATES
     logits = (torch.randn(len(request_ids), vocab) * 3).to(device)
-    drawn = _drawn_from_candidates_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions),
-                                          logits.argmax(dim=-1))
-    assert torch.equal(drawn, sample(logits, tensors))
+    drawn = _drawn_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions))
+    assert torch.equal(torch.where(draws.temperature == 0, logits.argmax(dim=-1), drawn), sample(logits, tensors))
+    draws.filter_width = None  # as if no row filtered: the kernel draws from the probabilities
+    draws.top_k = draws.top_p = draws.min_p = None
+    drawn = _drawn_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions))
+    assert torch.equal(torch.where(draws.temperature == 0, logits.argmax(dim=-1), drawn), sample(logits, tensors))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kernels.weighted_draw import weighted_draw
-from worker_svc.sampling.ops import FIXED_POINT_BITS, draw
+from worker_svc.sampling.ops import FIXED_POINT_BITS, draw, fixed_point
 
 EDGE_UNIFORMS = [0.0, 1e-300, 0.5, 1 - 2**-53]
 
@@ -29,3 +29,11 @@ def test_strided_rows_and_every_crossing_of_one_row(device):
     expected = draw(weights.contiguous(), uniform)
     assert torch.equal(weighted_draw(weights.to(device), uniform.to(device)).cpu(), expected)
     assert expected.tolist() == [i for i, w in enumerate(row[0].tolist()) for _ in range(w)]
+
+
+def test_probabilities_draw_as_their_fixed_point_weights(device):
+    probs = torch.rand(16, 5000) ** 4
+    probs[:, 7] = 1.0  # the row's most likely token, as unnormalised_probs leaves it
+    uniform = torch.rand(16, dtype=torch.float64)
+    expected = draw(fixed_point(probs), uniform)
+    assert torch.equal(weighted_draw(probs.to(device), uniform.to(device)).cpu(), expected)

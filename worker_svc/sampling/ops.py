@@ -74,21 +74,27 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     if draws is None:
         return greedy_tokens
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
-    if logits.is_cuda and draws.filter_width not in (None, logits.shape[-1]):
-        return _drawn_from_candidates_on_gpu(logits, draws, uniform, greedy_tokens)
+    if logits.is_cuda:
+        return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, draws, uniform))
     token_ids, weights = sampling_weights(logits, draws)
     return torch.where(draws.temperature == 0, greedy_tokens, drawn_tokens(token_ids, weights, uniform))
 
 
-def _drawn_from_candidates_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor,
-                                  greedy_tokens: torch.Tensor) -> torch.Tensor:
-    """sample's draw from each row's most likely tokens, filtered and drawn by one kernel: the same tokens as
-    kept_tokens and drawn_tokens give (tests/kernels/test_candidate_draw.py)."""
+def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
+    """The tokens that drawn_tokens draws from sampling_weights, in fewer launches: without filters, one kernel draws
+    from the probabilities (making their fixed-point weights as it reads them); from a top-k step's candidates, one
+    kernel filters and draws (tests/kernels/test_candidate_draw.py)."""
     from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
-    values, token_ids = _scaled(logits, draws.temperature).topk(draws.filter_width, dim=-1, sorted=False)
+    from kernels.weighted_draw import weighted_draw
+
+    scaled = _scaled(logits, draws.temperature)
+    if draws.filter_width is None:
+        return weighted_draw(unnormalised_probs(scaled), uniform)
+    if draws.filter_width == logits.shape[-1]:
+        return drawn_tokens(*kept_tokens(scaled, draws.top_k, draws.top_p, draws.min_p, draws.filter_width), uniform)
+    values, token_ids = scaled.topk(draws.filter_width, dim=-1, sorted=False)
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
-    return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform, greedy_tokens,
-                          draws.temperature)
+    return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform)
 
 
 def sampling_weights(logits: torch.Tensor, draws: RandomDraws) -> tuple[torch.Tensor | None, torch.Tensor]:
