@@ -8,6 +8,7 @@ from triton.compiler import ASTSource
 from kernels.candidate_draw import _candidate_draw_kernel
 from kernels.logprob_stats import _chunk_stats_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
+from kernels.threshold_search import _threshold_search_kernel
 from kernels.weighted_draw import _weighted_draw_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -24,6 +25,10 @@ LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp
                  "row_stride": "i32"}
 
 WEIGHTED_DRAW = {"weights_ptr": "*i64", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32", "row_stride": "i32"}
+
+THRESHOLD_SEARCH = {"keys_ptr": "*i32", "weights_ptr": "*i64", "limit_ptr": "*i64", "key_out_ptr": "*i64",
+                    "above_out_ptr": "*i64", "tied_out_ptr": "*i64", "n": "i32", "keys_row_stride": "i32",
+                    "weights_row_stride": "i32"}
 
 
 def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
@@ -49,6 +54,10 @@ def main() -> None:
         ptx = compiled_ptx(_weighted_draw_kernel, WEIGHTED_DRAW | {"weights_ptr": weights_type},
                            {"FROM_PROBS": weights_type == "*fp32", "BLOCK": 2048}, 8)
         print(f"weighted_draw of {weights_type[1:]}: {len(ptx)} bytes of PTX")
+    for weighted in (True, False):
+        ptx = compiled_ptx(_threshold_search_kernel, THRESHOLD_SEARCH, {"HAS_WEIGHTS": weighted, "BLOCK": 512}, 8)
+        print(f"threshold_search {'weighted' if weighted else 'counting'}: {len(ptx)} bytes of PTX, "
+              f"{'spills to local memory' if '.local' in ptx else 'no spills'}")
 
 
 if __name__ == "__main__":

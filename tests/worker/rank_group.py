@@ -20,5 +20,6 @@ def _rank_main(rank: int, world_size: int, address: str, function, args) -> None
     group = join_group(rank, world_size, address, torch.device("cpu"), timedelta(seconds=60))
     try:
         function(group, *args)
+        dist.barrier()  # the ranks leave together: none tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()

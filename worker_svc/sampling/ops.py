@@ -223,7 +223,7 @@ def _kept_in_token_order(logits: torch.Tensor, top_k: torch.Tensor | None, top_p
     keys = ordered_keys(logits)
     probs = unnormalised_probs(logits)
     if top_k is not None:
-        kth, _, _ = threshold_key(keys, keys.new_ones(()).expand_as(keys), top_k.clamp(max=logits.shape[-1]))
+        kth, _, _ = threshold_key(keys, None, top_k.clamp(max=logits.shape[-1]))
         probs.masked_fill_(keys < kth.unsqueeze(1), 0.0)
     weights = fixed_point(probs)
     if top_p is not None:
