@@ -26,10 +26,11 @@ def test_finds_the_key_of_the_radix_search(device, weighted):
     limit = (torch.rand(12, dtype=torch.float64) * total).long().clamp_(min=1)
     limit[3], limit[4] = 1, total[4]  # only the largest key stays; every key of positive weight
     expected = threshold_key(keys, weights, limit)
-    got = threshold_search(keys.to(device), None if weights is None else weights.to(device), limit.to(device))
+    *got, count = threshold_search(keys.to(device), None if weights is None else weights.to(device), limit.to(device))
     for name, want, have in zip(("key", "above", "tied"), expected, got):
         assert torch.equal(have.cpu(), want), name
     assert expected[0][3] == keys[3].max()
+    assert torch.equal(count.cpu(), (keys == expected[0].unsqueeze(1)).sum(dim=1))
 
 
 def test_strided_rows(device):
@@ -37,5 +38,5 @@ def test_strided_rows(device):
     keys = ordered_keys(torch.cat([values, values], dim=1))[:, :N]  # rows 2N apart
     limit = torch.tensor([1, 10, 100, 1000])
     expected = threshold_key(keys.contiguous(), None, limit)
-    got = threshold_search(keys.to(device), None, limit.to(device))
+    got = threshold_search(keys.to(device), None, limit.to(device))[:3]
     assert all(torch.equal(have.cpu(), want) for want, have in zip(expected, got))

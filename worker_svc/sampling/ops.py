@@ -83,7 +83,8 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
     """The tokens that drawn_tokens draws from sampling_weights, in fewer launches: without filters, one kernel draws
     from the probabilities (making their fixed-point weights as it reads them); from a top-k step's candidates, one
-    kernel filters and draws (tests/kernels/test_candidate_draw.py)."""
+    kernel filters and draws; over the whole vocabulary, one keeps and draws after the threshold searches
+    (tests/kernels/test_candidate_draw.py, test_nucleus_draw.py)."""
     from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
     from kernels.weighted_draw import weighted_draw
 
@@ -91,7 +92,7 @@ def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tenso
     if draws.filter_width is None:
         return weighted_draw(unnormalised_probs(scaled), uniform)
     if draws.filter_width == logits.shape[-1]:
-        return drawn_tokens(*kept_tokens(scaled, draws.top_k, draws.top_p, draws.min_p, draws.filter_width), uniform)
+        return _drawn_over_the_vocabulary_on_gpu(scaled, draws, uniform)
     values, token_ids = scaled.topk(draws.filter_width, dim=-1, sorted=False)
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
     return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform)
@@ -220,24 +221,49 @@ def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
 def _kept_in_token_order(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
                          min_p: torch.Tensor | None) -> torch.Tensor:
     """kept_tokens' weights over the whole vocabulary, in token order, from threshold searches instead of a sort."""
-    keys = ordered_keys(logits)
-    probs = unnormalised_probs(logits)
-    if top_k is not None:
-        kth, _, _ = threshold_key(keys, None, top_k.clamp(max=logits.shape[-1]))
-        probs.masked_fill_(keys < kth.unsqueeze(1), 0.0)
-    weights = fixed_point(probs)
+    keys, probs, weights = _after_top_k(logits, top_k)
     if top_p is not None:
         limit = _mass_limit(top_p, weights.sum(dim=-1))
         last, above, tied = threshold_key(keys, weights, limit)
         ties = keys == last.unsqueeze(1)
         tie_rank = ties.cumsum(dim=-1)
-        num_tied = tie_rank[:, -1]
-        num_ties_kept = (limit - above - 1) // (tied // num_tied) + 1  # the ties before each weigh under the limit
+        num_ties_kept = _num_ties_kept(limit, above, tied, tie_rank[:, -1])
         dropped = (keys < last.unsqueeze(1)) | (tie_rank > num_ties_kept.unsqueeze(1)) & ties
         weights.masked_fill_(dropped, 0)
     if min_p is not None:
         weights.masked_fill_(probs < min_p.unsqueeze(1), 0)
     return weights
+
+
+def _drawn_over_the_vocabulary_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
+    """drawn_tokens over _kept_in_token_order's weights: the threshold searches, then one kernel keeps and draws."""
+    from kernels.nucleus_draw import nucleus_draw  # every CUDA build of torch brings Triton
+    from kernels.threshold_search import threshold_search
+
+    keys, probs, weights = _after_top_k(logits, draws.top_k)
+    last = num_ties_kept = None
+    if draws.top_p is not None:
+        limit = _mass_limit(draws.top_p, weights.sum(dim=-1))
+        last, above, tied, num_tied = threshold_search(keys, weights, limit)
+        num_ties_kept = _num_ties_kept(limit, above, tied, num_tied)
+    return nucleus_draw(keys, weights, probs, last, num_ties_kept, draws.min_p, uniform)
+
+
+def _after_top_k(logits: torch.Tensor, top_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits' keys, their unnormalised probabilities with 0 where top-k drops a token, and their fixed-point
+    weights."""
+    keys = ordered_keys(logits)
+    probs = unnormalised_probs(logits)
+    if top_k is not None:
+        kth, _, _ = threshold_key(keys, None, top_k.clamp(max=logits.shape[-1]))
+        probs.masked_fill_(keys < kth.unsqueeze(1), 0.0)
+    return keys, probs, fixed_point(probs)
+
+
+def _num_ties_kept(limit: torch.Tensor, above: torch.Tensor, tied: torch.Tensor,
+                   num_tied: torch.Tensor) -> torch.Tensor:
+    """How many of the keys equal to top-p's threshold key it keeps: the ties before each weigh under the limit."""
+    return (limit - above - 1) // (tied // num_tied) + 1
 
 
 def _mass_limit(top_p: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ def threshold_key(keys: torch.Tensor, weights: torch.Tensor | None,
     row's total weight."""
     if keys.is_cuda:
         from kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
-        return threshold_search(keys, weights, limit)
+        return threshold_search(keys, weights, limit)[:3]
     if weights is None:
         weights = keys.new_ones(()).expand_as(keys)
     batch = keys.shape[0]
