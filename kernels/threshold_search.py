@@ -13,6 +13,18 @@ _HALF_RANGE = tl.constexpr(2**31)  # keys are int32: t + 2**31 runs over 32 bits
 
 
 @triton.jit
+def _block(keys_ptr, weights_ptr, start, offsets, n, HAS_WEIGHTS: tl.constexpr):
+    """A block of the row: its keys, their weights (1 each without weights, 0 past the row) and which are in it."""
+    inside = start + offsets < n
+    keys = tl.load(keys_ptr + start + offsets, mask=inside, other=0).to(tl.int64)
+    if HAS_WEIGHTS:
+        weights = tl.load(weights_ptr + start + offsets, mask=inside, other=0)
+    else:
+        weights = inside.to(tl.int64)
+    return keys, weights, inside
+
+
+@triton.jit
 def _threshold_search_kernel(keys_ptr, weights_ptr, limit_ptr, key_out_ptr, above_out_ptr, tied_out_ptr,
                              count_out_ptr, n, keys_row_stride, weights_row_stride, HAS_WEIGHTS: tl.constexpr,
                              BLOCK: tl.constexpr):
@@ -28,12 +40,7 @@ def _threshold_search_kernel(keys_ptr, weights_ptr, limit_ptr, key_out_ptr, abov
         pivots = found + ((digits + 1) << shift) - 1 - _HALF_RANGE  # the top of each sixteenth of the range left
         weight_above = tl.zeros([16], dtype=tl.int64)
         for start in range(0, n, BLOCK):
-            inside = start + offsets < n
-            keys = tl.load(keys_ptr + start + offsets, mask=inside, other=0).to(tl.int64)
-            if HAS_WEIGHTS:
-                weights = tl.load(weights_ptr + start + offsets, mask=inside, other=0)
-            else:
-                weights = inside.to(tl.int64)
+            keys, weights, _ = _block(keys_ptr, weights_ptr, start, offsets, n, HAS_WEIGHTS)
             weight_above += tl.sum(tl.where(keys[:, None] > pivots[None, :], weights[:, None], 0), axis=0)
         found += tl.sum((weight_above >= limit).to(tl.int64), axis=0) << shift  # the sixteenths passed over
     key = found - _HALF_RANGE
@@ -41,12 +48,7 @@ def _threshold_search_kernel(keys_ptr, weights_ptr, limit_ptr, key_out_ptr, abov
     tied = tl.full([], 0, dtype=tl.int64)
     count = tl.full([], 0, dtype=tl.int64)
     for start in range(0, n, BLOCK):
-        inside = start + offsets < n
-        keys = tl.load(keys_ptr + start + offsets, mask=inside, other=0).to(tl.int64)
-        if HAS_WEIGHTS:
-            weights = tl.load(weights_ptr + start + offsets, mask=inside, other=0)
-        else:
-            weights = inside.to(tl.int64)
+        keys, weights, inside = _block(keys_ptr, weights_ptr, start, offsets, n, HAS_WEIGHTS)
         above += tl.sum(tl.where(keys > key, weights, 0), axis=0)
         tied += tl.sum(tl.where(keys == key, weights, 0), axis=0)
         count += tl.sum(((keys == key) & inside).to(tl.int64), axis=0)
