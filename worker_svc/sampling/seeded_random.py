@@ -38,4 +38,3 @@ def seeded_uniform_torch(seeds: torch.Tensor, positions: torch.Tensor, stream: i
     key = hash32(hash32(hash32(seeds[:, 0]) ^ seeds[:, 1] ^ stream) ^ (positions & _MASK32))
     high, low = key, hash32(key ^ 0x5BD1E995)
     return ((high << 20) + (low >> 12)).double().add_(0.5).mul_(2.0**-52)
-
