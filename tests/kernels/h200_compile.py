@@ -7,10 +7,9 @@ from triton.compiler import ASTSource
 
 from kernels.candidate_draw import _candidate_draw_kernel
 from kernels.logprob_stats import _chunk_stats_kernel
-from kernels.nucleus_draw import _nucleus_draw_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
 from kernels.threshold_search import _threshold_search_kernel
-from kernels.weighted_draw import _weighted_draw_kernel
+from kernels.weighted_draw import _draw_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp64", "num_rows": "i32",
@@ -25,17 +24,15 @@ LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp
                  "above_ptr": "*i32", "top_values_ptr": "*fp32", "top_ids_ptr": "*i64", "vocab": "i32",
                  "row_stride": "i32"}
 
-WEIGHTED_DRAW = {"weights_ptr": "*i64", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32", "row_stride": "i32"}
 
 THRESHOLD_SEARCH = {"keys_ptr": "*i32", "weights_ptr": "*i64", "limit_ptr": "*i64", "key_out_ptr": "*i64",
                     "above_out_ptr": "*i64", "tied_out_ptr": "*i64", "count_out_ptr": "*i64", "n": "i32",
                     "keys_row_stride": "i32",
                     "weights_row_stride": "i32"}
 
-NUCLEUS_DRAW = {"keys_ptr": "*i32", "weights_ptr": "*i64", "probs_ptr": "*fp32", "last_ptr": "*i64",
-                "ties_kept_ptr": "*i64", "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32",
-                "keys_row_stride": "i32", "weights_row_stride": "i32", "probs_row_stride": "i32",
-                "min_p_stride": "i32"}
+DRAW = {"weights_ptr": "*i64", "keys_ptr": "*i32", "probs_ptr": "*fp32", "last_ptr": "*i64", "ties_kept_ptr": "*i64",
+        "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32", "weights_row_stride": "i32",
+        "keys_row_stride": "i32", "probs_row_stride": "i32", "min_p_stride": "i32"}
 
 
 def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
@@ -58,12 +55,13 @@ def main() -> None:
         ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
     for weights_type in ("*i64", "*fp32"):
-        ptx = compiled_ptx(_weighted_draw_kernel, WEIGHTED_DRAW | {"weights_ptr": weights_type},
-                           {"FROM_PROBS": weights_type == "*fp32", "BLOCK": 2048}, 8)
+        ptx = compiled_ptx(_draw_kernel, DRAW | {"weights_ptr": weights_type},
+                           {"FROM_PROBS": weights_type == "*fp32", "HAS_TOP_P": False, "HAS_MIN_P": False,
+                            "BLOCK": 2048}, 8)
         print(f"weighted_draw of {weights_type[1:]}: {len(ptx)} bytes of PTX")
-    for top_p, min_p in ((True, False), (True, True), (False, True), (False, False)):
-        ptx = compiled_ptx(_nucleus_draw_kernel, NUCLEUS_DRAW, {"HAS_TOP_P": top_p, "HAS_MIN_P": min_p,
-                                                                "BLOCK": 2048}, 8)
+    for top_p, min_p in ((True, False), (True, True), (False, True)):
+        ptx = compiled_ptx(_draw_kernel, DRAW, {"FROM_PROBS": False, "HAS_TOP_P": top_p, "HAS_MIN_P": min_p,
+                                                "BLOCK": 2048}, 8)
         print(f"nucleus_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX")
     for weighted in (True, False):
         ptx = compiled_ptx(_threshold_search_kernel, THRESHOLD_SEARCH, {"HAS_WEIGHTS": weighted, "BLOCK": 512}, 8)

@@ -237,8 +237,8 @@ def _kept_in_token_order(logits: torch.Tensor, top_k: torch.Tensor | None, top_p
 
 def _drawn_over_the_vocabulary_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
     """drawn_tokens over _kept_in_token_order's weights: the threshold searches, then one kernel keeps and draws."""
-    from kernels.nucleus_draw import nucleus_draw  # every CUDA build of torch brings Triton
-    from kernels.threshold_search import threshold_search
+    from kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
+    from kernels.weighted_draw import nucleus_draw
 
     keys, probs, weights = _after_top_k(logits, draws.top_k)
     last = num_ties_kept = None
