@@ -1,6 +1,7 @@
 """Triton kernels of the worker's hot path; each launcher has a plain-torch `*_ref` twin with the same semantics.
-The sampling kernels (kernels.seeded_uniform, kernels.candidate_draw, imported by their modules' names) compute
-exactly what the worker's torch sampling path computes on the CPU, which their tests hold them to.
+The sampling kernels (seeded_uniform, candidate_draw, weighted_draw, threshold_search, logprob_stats, imported by
+their modules' names) compute exactly what the worker's torch sampling path computes on the CPU, which their tests
+hold them to.
 
 In place: reshape_and_cache, rotary_embedding, and prepare_qkv's cache write. Everything else returns new tensors.
 """
