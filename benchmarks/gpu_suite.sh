@@ -59,6 +59,6 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       done ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
-      timeout 120 python3 benchmarks/kernels.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
+      timeout 120 python3 benchmarks/kernel_timings.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
   esac
 done

@@ -33,7 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
     if rows.shape[0] and d:
         # NOTE: a fixed 1024-column chunk keeps every program the same size whatever the intermediate size (not
-        # swept; 4096 x 3072 runs 18.5 us on the H200 in a CUDA graph, 4.1 TB/s, benchmarks/kernels.py).
+        # swept; 4096 x 3072 runs 18.5 us on the H200 in a CUDA graph, 4.1 TB/s, benchmarks/kernel_timings.py).
         block = min(1024, triton.next_power_of_2(d))
         out_rows = out.view(-1, d)
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](

@@ -11,7 +11,7 @@ from kernels.prefill_attention import paged_prefill_attention_ref
 MAX_SPLITS = 64
 # NOTE: split until the grid has PROGRAMS_PER_SM programs per SM, with at least MIN_TOKENS_PER_SPLIT context tokens
 # (one GPU tile) per split. H200, bf16, 16 q / 8 kv heads, head_dim 128, CUDA-graph times in us for num_splits
-# 1/2/4/8/16/32 (benchmarks/kernels.py): batch 1 ctx 1024: 21.8/14.3/9.4/6.9/5.9/6.5 (picks 16); batch 1 ctx 4096:
+# 1/2/4/8/16/32 (benchmarks/kernel_timings.py): batch 1 ctx 1024: 21.8/14.3/9.4/6.9/5.9/6.5 (picks 16); batch 1 ctx 4096:
 # 79.6/46.3/24.9/15.0/10.1/9.5 (picks 33); batch 8 ctx 4096: 112/68/44/39/41/42 (picks 5); batch 32 ctx 1024:
 # 41.7/39.0/42.0/41.8/46.0/62.1 (picks 2); batch 64 ctx 1024: 65.9/72.3/75.7/... (picks 1); batch 64 and 256 at
 # ctx 4096 are best unsplit (0.242 and 0.948 ms, 1.04-1.07x the copy bandwidth as they only read).

@@ -91,7 +91,7 @@ def _launch_config(device: torch.device, head_dim: int, element_size: int) -> di
     # NOTE: on CPU (interpreter) small tiles so small test chunks still cross several query and KV tiles.
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num_stages=1)
-    # NOTE: H200, bf16, 16 q / 8 kv heads, head_dim 128, benchmarks/kernels.py prefill cases (1x4096, 4x2048 fresh;
+    # NOTE: H200, bf16, 16 q / 8 kv heads, head_dim 128, benchmarks/kernel_timings.py prefill cases (1x4096, 4x2048 fresh;
     # 8x512 after 3584 cached), sweep BLOCK_M {64,128} x BLOCK_N {32,64,128} x warps {4,8} x stages {2,3}
     # (eager timing): 128/128/8/2 was best or within 2% everywhere: 0.252 / 0.253 / 0.396 ms, against
     # 0.297 / 0.300 / 0.504 ms for 128/64/8/2. In CUDA graphs it runs 0.247 / 0.249 / 0.387 ms

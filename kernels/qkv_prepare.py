@@ -148,7 +148,7 @@ def prepare_qkv(
     if num_tokens == 0:
         return q
     block_h, block_d = triton.next_power_of_2(num_heads), triton.next_power_of_2(head_dim)
-    # NOTE: not measured yet (benchmarks/kernels.py times it): warps grow with the q tile as in kernels.rms_norm, so each
+    # NOTE: not measured yet (benchmarks/kernel_timings.py times it): warps grow with the q tile as in kernels.rms_norm, so each
     # thread keeps <= 16 elements of it in registers.
     num_warps = min(max(block_h * block_d // 512, 1), 16)
     _prepare_qkv_kernel[(num_tokens,)](

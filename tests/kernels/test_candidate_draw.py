@@ -84,7 +84,7 @@ def test_the_gpu_step_draws_what_the_cpu_step_draws(device):
         rows.add(request_id, settings[i % len(settings)], seed=1000 + i, prompt_ids=[1], output_ids=[])
     tensors = rows.gather(request_ids, torch.tensor(rows.indices(request_ids), device=device))
     draws = tensors.draws
-    assert draws.filter_width == TOP_K_CANDIDATES
+    assert draws.filter_width == 128  # a power of two, twice the largest top-k
     logits = (torch.randn(len(request_ids), vocab) * 3).to(device)
     drawn = _drawn_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions))
     assert torch.equal(torch.where(draws.temperature == 0, logits.argmax(dim=-1), drawn), sample(logits, tensors))

@@ -190,7 +190,7 @@ def test_a_row_draws_the_same_alone_and_in_any_batch_whichever_path_it_takes(dev
     together = _gather(_rows(requests, device, vocab_size=vocab_size), list(settings))
     alone = [_gather(_rows({name: requests[name]}, device, vocab_size=vocab_size), [name]) for name in settings]
     assert [t.draws.filter_width if t.draws else "greedy" for t in alone] == [
-        "greedy", None, TOP_K_CANDIDATES, TOP_K_CANDIDATES, vocab_size, vocab_size, vocab_size]
+        "greedy", None, 128, 128, vocab_size, vocab_size, vocab_size]  # twice the top-k, a power of two
     for position in range(16):
         together.draws.output_positions.fill_(position)
         for tensors in alone[1:]:

@@ -5,10 +5,11 @@ allowed_token_ids, structured output) on the raw logits; greedy rows take the ar
 temperature, top-k, top-p and min-p (each on what the previous one left) and draw by inverting the distribution's CDF,
 in token order, at a seeded uniform number.
 
-The filters never sort the vocabulary. When every sampled row has a small top-k they look at the TOP_K_CANDIDATES most
-likely tokens only; otherwise threshold searches find where each row's sorted order stops keeping tokens. Weights are
-fixed-point integers, so sums are exact: either way a row keeps the same tokens with the same weights and draws the
-same token, so a seeded request draws the same whatever else is in its batch, on any device.
+The filters never sort the vocabulary. When every sampled row has a small top-k they look at a few times that many of
+the most likely tokens only (candidate_width); otherwise threshold searches find where each row's sorted order stops
+keeping tokens. Weights are fixed-point integers, so sums are exact: either way a row keeps the same tokens with the
+same weights and draws the same token, so a seeded request draws the same whatever else is in its batch, on any
+device.
 """
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ FIXED_POINT_BITS = 40  # a vocabulary below 2**23 keeps every sum of weights bel
 DRAW_SLICE = 1024  # draw's second level: the slice of a row it searches once the slices' sums have picked it
 # NOTE: H200, int64 weights [256, 151936]: the two levels take 318 us, one cumulative sum over the rows 405 us.
 TOP_K_CANDIDATES = 1024  # the most likely tokens the filters look at when every sampled row has top_k <= half of it
+MIN_CANDIDATES = 64
 # NOTE: H200, 256 rows of a 151,936 vocabulary (benchmarks/sampling.py), a whole sampling step: temperature 0.8, top-p
 # 0.95, top-k 50 takes 2.10-2.18 ms against 6.19-6.21 ms with the vocabulary sort.
 
@@ -96,6 +98,12 @@ def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tenso
     values, token_ids = scaled.topk(draws.filter_width, dim=-1, sorted=False)
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
     return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform)
+
+
+def candidate_width(largest_top_k: int, vocab_size: int) -> int:
+    """How many of its most likely tokens a step whose drawing rows all have a small top-k looks at: a power of two,
+    at least twice the largest top-k, so that the tokens tied with a row's k-th stay among them."""
+    return min(max(MIN_CANDIDATES, 1 << (2 * largest_top_k - 1).bit_length()), TOP_K_CANDIDATES, vocab_size)
 
 
 def sampling_weights(logits: torch.Tensor, draws: RandomDraws) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 
 from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.bad_words import BadWords
-from worker_svc.sampling.ops import TOP_K_CANDIDATES, RandomDraws, SamplingTensors, SparseLogits
+from worker_svc.sampling.ops import TOP_K_CANDIDATES, RandomDraws, SamplingTensors, SparseLogits, candidate_width
 from worker_svc.sampling.penalty_history import PenaltyHistory
 from worker_svc.sampling.upload import StagedRows, upload
 
@@ -162,7 +162,7 @@ class SamplingRows:
         if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in drawing):
             return None
         if all(0 < p.top_k <= TOP_K_CANDIDATES // 2 for p in drawing):
-            return min(TOP_K_CANDIDATES, self.vocab_size)
+            return candidate_width(max(p.top_k for p in drawing), self.vocab_size)
         return self.vocab_size
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Benchmark and check the kernels on a CUDA GPU (written for an H200): `python benchmarks/kernels.py OUT.json`.
+"""Benchmark and check the kernels on a CUDA GPU (written for an H200): `python benchmarks/kernel_timings.py OUT.json`.
 
 First checks every kernel against its plain-torch reference at realistic bf16 shapes, then times them (median of
 CUDA-graph replays, so launch overhead is excluded; the "eager" columns are plain launches with it) and prints
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("json_out", help="where to write the results as JSON")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA device", file=sys.stderr)
+        print("benchmarks/kernel_timings.py needs a CUDA device", file=sys.stderr)
         return 2
     device = "cuda"
     torch.manual_seed(0)
