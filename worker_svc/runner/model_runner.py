@@ -21,7 +21,7 @@ PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits are held at once
 
 @dataclass(slots=True)
 class LaunchedStep:
-    """A step whose work is queued on the device; its sampled tokens are on their way to the host."""
+    """A step whose work is queued on the device; its sampled tokens and logprobs are on their way to the host."""
 
     step_id: int
     sample: DeviceSample | None = None
@@ -111,6 +111,10 @@ class ModelRunner:
         results = torch.cat(results if drafts is None else [*results, drafts.token_ids.flatten()])
         if self.device.type == "cuda":
             step.host_token_ids = results.to("cpu", non_blocking=True)
+            if sample.logprobs is not None:
+                sample.logprobs = sample.logprobs.on_host()
+            if prompt_logprobs is not None:
+                step.prompt_logprobs = prompt_logprobs.on_host()
             step.copied = torch.cuda.Event()
             step.copied.record()
         else:

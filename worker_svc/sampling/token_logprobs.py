@@ -18,6 +18,12 @@ class LogprobTensors:
     top_ids: torch.Tensor  # [rows, the groups' largest num_top] int64
     top_logprobs: torch.Tensor  # [rows, the groups' largest num_top] float32
 
+    def on_host(self) -> "LogprobTensors":
+        """A copy on the host, queued without waiting for the device: complete once the device has passed this
+        point of its stream."""
+        return LogprobTensors(self.groups, *(tensor.to("cpu", non_blocking=True) for tensor in (
+            self.token_ids, self.logprobs, self.ranks, self.top_ids, self.top_logprobs)))
+
     def lists(self) -> dict[str, Logprobs]:
         token_list, logprob_list, rank_list = self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
         top_id_list, top_logprob_list = self.top_ids.tolist(), self.top_logprobs.tolist()
