@@ -142,25 +142,33 @@ def check_correctness(device: str) -> list[dict]:
 
 def bench_decode(device: str, copy_gbs: float) -> tuple[list[dict], list[dict]]:
     rows, sweep = [], []
-    scale = HEAD_DIM ** -0.5
     for batch, context in DECODE_CASES:
-        kc, vc, bt, lens = paged_kv([context] * batch, device)
-        q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
-        kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * kc.element_size()
-        moved = kv_bytes + 2 * q.numel() * q.element_size() + bt.numel() * 4
-        fn = lambda: paged_decode_attention(q, kc, vc, bt, lens, scale)  # noqa: E731
-        ms = time_ms(fn)
-        gbs = moved / ms / 1e6
-        one = torch.ones((), device=device)
-        kc8, vc8 = kc.to(KV_FP8), vc.to(KV_FP8)
-        fp8_ms = time_ms(lambda: paged_decode_attention(q, kc8, vc8, bt, lens, scale, k_scale=one, v_scale=one))
-        rows.append(dict(batch=batch, context=context, ms=ms, eager_ms=eager_ms(fn), gbs=gbs,
-                         frac_of_copy=gbs / copy_gbs, fp8_ms=fp8_ms, fp8_gbs=(moved - kv_bytes / 2) / fp8_ms / 1e6))
-        for splits in SPLIT_SWEEP:
-            s_ms = time_ms(lambda: paged_decode_attention(q, kc, vc, bt, lens, scale, num_splits=splits))
-            sweep.append(dict(batch=batch, context=context, num_splits=splits, ms=s_ms, gbs=moved / s_ms / 1e6))
-        del kc, vc
+        row, splits = _decode_case(batch, context, device, copy_gbs)
+        rows.append(row)
+        sweep += splits
     return rows, sweep
+
+
+def _decode_case(batch: int, context: int, device: str, copy_gbs: float) -> tuple[dict, list[dict]]:
+    """One batch and context: bf16 and FP8 caches, then the split sweep (its caches are freed on return)."""
+    scale = HEAD_DIM ** -0.5
+    kc, vc, bt, lens = paged_kv([context] * batch, device)
+    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * kc.element_size()
+    moved = kv_bytes + 2 * q.numel() * q.element_size() + bt.numel() * 4
+    fn = lambda: paged_decode_attention(q, kc, vc, bt, lens, scale)  # noqa: E731
+    ms = time_ms(fn)
+    gbs = moved / ms / 1e6
+    one = torch.ones((), device=device)
+    kc8, vc8 = kc.to(KV_FP8), vc.to(KV_FP8)
+    fp8_ms = time_ms(lambda: paged_decode_attention(q, kc8, vc8, bt, lens, scale, k_scale=one, v_scale=one))
+    row = dict(batch=batch, context=context, ms=ms, eager_ms=eager_ms(fn), gbs=gbs, frac_of_copy=gbs / copy_gbs,
+               fp8_ms=fp8_ms, fp8_gbs=(moved - kv_bytes / 2) / fp8_ms / 1e6)
+    sweep = []
+    for splits in SPLIT_SWEEP:
+        s_ms = time_ms(lambda: paged_decode_attention(q, kc, vc, bt, lens, scale, num_splits=splits))
+        sweep.append(dict(batch=batch, context=context, num_splits=splits, ms=s_ms, gbs=moved / s_ms / 1e6))
+    return row, sweep
 
 
 def causal_flops(q_lens: list[int], seq_lens: list[int]) -> int:
