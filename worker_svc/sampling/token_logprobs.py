@@ -18,11 +18,14 @@ class LogprobTensors:
     top_ids: torch.Tensor  # [rows, the groups' largest num_top] int64
     top_logprobs: torch.Tensor  # [rows, the groups' largest num_top] float32
 
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.token_ids, self.logprobs, self.ranks, self.top_ids, self.top_logprobs
+
     def on_host(self) -> "LogprobTensors":
         """A copy on the host, queued without waiting for the device: complete once the device has passed this
         point of its stream."""
-        return LogprobTensors(self.groups, *(tensor.to("cpu", non_blocking=True) for tensor in (
-            self.token_ids, self.logprobs, self.ranks, self.top_ids, self.top_logprobs)))
+        return LogprobTensors(self.groups, *(tensor.to("cpu", non_blocking=True) for tensor in self.tensors))
 
     def lists(self) -> dict[str, Logprobs]:
         token_list, logprob_list, rank_list = self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
@@ -56,5 +59,4 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[t
 
 def joined(parts: list[LogprobTensors], groups: list[tuple[str, int, int]]) -> LogprobTensors:
     """Consecutive rows' parts as one, in `groups`."""
-    return LogprobTensors(groups, *(torch.cat(columns) for columns in zip(
-        *((part.token_ids, part.logprobs, part.ranks, part.top_ids, part.top_logprobs) for part in parts))))
+    return LogprobTensors(groups, *(torch.cat(columns) for columns in zip(*(part.tensors for part in parts))))
