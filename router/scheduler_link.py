@@ -8,7 +8,7 @@ from router.scheduler_messages import Event, Failed, Finished, Submission, Token
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb, finish_reason_to_pb
-from sluice.core.logprobs_pb import logprobs_from_pb
+from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.serving.readiness import wait_until_serving
@@ -117,10 +117,10 @@ class SchedulerLink:
         for request_id, index, count in zip(step.request_ids, step.sample_indices, step.token_counts):
             tokens.setdefault((request_id, index), Tokens(index)).extend(step.token_ids[offset:offset + count])
             offset += count
-        for message in step.logprobs:
-            tokens.setdefault((message.request_id, message.index), Tokens(message.index)).extend(
-                [], logprobs_from_pb(message.logprobs) if message.HasField("logprobs") else None,
-                logprobs_from_pb(message.prompt_logprobs) if message.HasField("prompt_logprobs") else None)
+        for request_id, index, logprobs in _unpacked(step.logprobs):
+            tokens.setdefault((request_id, index), Tokens(index)).extend([], logprobs)
+        for request_id, index, logprobs in _unpacked(step.prompt_logprobs):
+            tokens.setdefault((request_id, index), Tokens(index)).extend([], prompt_logprobs=logprobs)
         for (request_id, _), event in tokens.items():
             events = self._streams.get(request_id)
             if events is not None:
@@ -134,6 +134,11 @@ class SchedulerLink:
         if self._reader is not None:
             self._reader.cancel()
         await self.channel.close()
+
+
+def _unpacked(message: generation_pb2.LogprobRows):
+    """(request id, sample index, its Logprobs) of each packed sample."""
+    return zip(message.request_ids, message.sample_indices, logprob_rows_from_pb(message).unpacked())
 
 
 def _credit(messages: int) -> scheduler_pb2.RouterMessage:

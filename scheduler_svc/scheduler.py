@@ -194,12 +194,13 @@ class Scheduler:
         grammar_completed = set(outcome.grammar_completed_request_ids)
         chunk_starts = {r.request_id: r.num_computed_tokens for r in (*plan.new_requests, *plan.cached_requests)}
         num_proposed = plan.num_proposed
+        logprobs, step_prompt_logprobs = outcome.logprobs.by_request(), outcome.prompt_logprobs.by_request()
         for request_id in plan.num_scheduled_tokens:
             request = self._requests.get(request_id)
             if request is None or request.status is not RUNNING or request.preempted_at_step > plan.step_id:
                 continue  # finished (aborted, expired) or preempted since the step was planned
             prompt_logprobs = self._unsent_prompt_logprobs(request, chunk_starts[request_id],
-                                                           outcome.prompt_logprobs.get(request_id))
+                                                           step_prompt_logprobs.get(request_id))
             accepted = outcome.accepted_token_ids.get(request_id, [])
             if request_id in num_proposed:
                 self._drop_rejected(request, num_proposed[request_id], len(accepted))
@@ -211,7 +212,7 @@ class Scheduler:
                 continue
             request.num_output_placeholders -= 1
             new_token_ids = self._append_until_stop(request, [*accepted, token_id], request_id in grammar_completed)
-            updates.append(self._update(request, new_token_ids, outcome.logprobs.get(request_id), prompt_logprobs))
+            updates.append(self._update(request, new_token_ids, logprobs.get(request_id), prompt_logprobs))
         return updates
 
     def _drop_rejected(self, request: Request, num_proposed: int, num_accepted: int) -> None:

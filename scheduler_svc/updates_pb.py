@@ -5,7 +5,8 @@ from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
 from scheduler_svc.request import Request
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_to_pb
-from sluice.core.logprobs_pb import logprobs_to_pb
+from sluice.core.logprobs import LogprobRows, Logprobs
+from sluice.core.logprobs_pb import logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2
@@ -34,17 +35,14 @@ def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
         token_ids=[token for u in with_tokens for token in u.new_token_ids],
         finished=[_finished_to_pb(u) for u in updates if u.finished and u.error is None],
         rejections=[_rejection_to_pb(u) for u in updates if u.error is not None],
-        logprobs=[_logprobs_to_pb(u) for u in updates if u.logprobs is not None or u.prompt_logprobs is not None],
+        logprobs=_logprob_rows_to_pb([(u, u.logprobs) for u in updates if u.logprobs is not None]),
+        prompt_logprobs=_logprob_rows_to_pb([(u, u.prompt_logprobs) for u in updates if u.prompt_logprobs is not None]),
     )
 
 
-def _logprobs_to_pb(update: RequestUpdate) -> scheduler_pb2.SampleLogprobs:
-    message = scheduler_pb2.SampleLogprobs(request_id=update.request_id, index=update.sample_index)
-    if update.logprobs is not None:
-        message.logprobs.CopyFrom(logprobs_to_pb(update.logprobs))
-    if update.prompt_logprobs is not None:
-        message.prompt_logprobs.CopyFrom(logprobs_to_pb(update.prompt_logprobs))
-    return message
+def _logprob_rows_to_pb(parts: list[tuple[RequestUpdate, Logprobs]]) -> generation_pb2.LogprobRows:
+    rows = LogprobRows.packed([u.request_id for u, _ in parts], [logprobs for _, logprobs in parts])
+    return logprob_rows_to_pb(rows, [u.sample_index for u, _ in parts])
 
 
 def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:

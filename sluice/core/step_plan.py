@@ -5,7 +5,7 @@ as a diff (CachedRequest). A preempted request is dropped by the worker and late
 """
 from dataclasses import dataclass, field
 
-from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs import LogprobRows
 from sluice.core.sampling_params import SamplingParams
 
 
@@ -61,8 +61,8 @@ class StepPlan:
 class StepOutcome:
     step_id: int
     sampled_token_ids: dict[str, int]  # request id -> sampled token, only for requests that reached their last token
-    logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the sampled token, where asked
-    prompt_logprobs: dict[str, Logprobs] = field(default_factory=dict)  # of the prompt tokens this step predicted
+    logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the sampled token, where asked
+    prompt_logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the prompt tokens this step predicted
     grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete
     grammar_errors: dict[str, str] = field(default_factory=dict)  # request id -> why its constraint cannot go on
     # request id -> the leading proposals it accepted, which come before its sampled token (a request with proposals)

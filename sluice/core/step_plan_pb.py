@@ -1,7 +1,7 @@
 """The StepPlan / StepOutcome contract on the wire (worker.proto), packed as the proto describes."""
 from itertools import accumulate
 
-from sluice.core.logprobs_pb import logprobs_from_pb, logprobs_to_pb
+from sluice.core.logprobs_pb import logprob_rows_from_pb, logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from sluice.v1 import worker_pb2 as pb
@@ -64,8 +64,7 @@ def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
     return pb.StepResult(
         step_id=outcome.step_id, request_ids=list(outcome.sampled_token_ids),
         sampled_token_ids=list(outcome.sampled_token_ids.values()),
-        logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.logprobs.items()},
-        prompt_logprobs={request_id: logprobs_to_pb(l) for request_id, l in outcome.prompt_logprobs.items()},
+        logprobs=logprob_rows_to_pb(outcome.logprobs), prompt_logprobs=logprob_rows_to_pb(outcome.prompt_logprobs),
         grammar_completed_request_ids=outcome.grammar_completed_request_ids,
         grammar_errors=outcome.grammar_errors,
         accepted_request_ids=list(outcome.accepted_token_ids),
@@ -77,8 +76,8 @@ def outcome_to_pb(outcome: StepOutcome) -> pb.StepResult:
 def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
     return StepOutcome(
         message.step_id, dict(zip(message.request_ids, message.sampled_token_ids)),
-        logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.logprobs.items()},
-        prompt_logprobs={request_id: logprobs_from_pb(l) for request_id, l in message.prompt_logprobs.items()},
+        logprobs=logprob_rows_from_pb(message.logprobs),
+        prompt_logprobs=logprob_rows_from_pb(message.prompt_logprobs),
         grammar_completed_request_ids=list(message.grammar_completed_request_ids),
         grammar_errors=dict(message.grammar_errors),
         accepted_token_ids=_unpack(message.accepted_request_ids, message.accepted_token_counts,

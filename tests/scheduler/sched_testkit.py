@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.request import Request
 from scheduler_svc.scheduler import Scheduler
-from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepOutcome, StepPlan
 
@@ -113,8 +113,9 @@ class FakeWorker:
                 if state.constrained and self.rng.random() < self.grammar_error_probability:
                     grammar_errors[request_id] = "no token continues it"
         accepted = {request_id: tokens for request_id, tokens in accepted.items() if request_id in plan.num_proposed}
-        return StepOutcome(plan.step_id, sampled, prompt_logprobs=prompt_logprobs, grammar_errors=grammar_errors,
-                           accepted_token_ids=accepted)
+        return StepOutcome(plan.step_id, sampled,
+                           prompt_logprobs=LogprobRows.packed(list(prompt_logprobs), list(prompt_logprobs.values())),
+                           grammar_errors=grammar_errors, accepted_token_ids=accepted)
 
     def _draft(self, context: list[int], num_tokens: int) -> list[int]:
         proposals = []

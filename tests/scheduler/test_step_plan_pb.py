@@ -1,5 +1,5 @@
 """The StepPlan / StepOutcome contract survives the wire (worker.proto) with every field set."""
-from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from sluice.core.step_plan_pb import outcome_from_pb, outcome_to_pb, plan_from_pb, plan_to_pb
@@ -22,7 +22,8 @@ def test_plan_round_trip():
 def test_outcome_round_trip():
     logprobs = Logprobs(2, [7], [-0.5], [1], [7, 8], [-0.5, -1.5])
     prompt_logprobs = Logprobs(0, [1, 2], [-1.0, -2.0], [3, 4])
-    outcome = StepOutcome(4, {"x": 7, "y": 3}, logprobs={"x": logprobs}, prompt_logprobs={"y": prompt_logprobs},
+    outcome = StepOutcome(4, {"x": 7, "y": 3}, logprobs=LogprobRows.packed(["x"], [logprobs]),
+                          prompt_logprobs=LogprobRows.packed(["y", "x"], [prompt_logprobs, logprobs]),
                           grammar_completed_request_ids=["y"], grammar_errors={"x": "no token continues it"},
                           accepted_token_ids={"y": [], "x": [5, 6]})
     assert outcome_from_pb(outcome_to_pb(outcome)) == outcome

@@ -23,7 +23,7 @@ def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_
         new = [NewRequest("r", prompt, list(range(8)), 0, params)] if step == 0 else []
         cached = [] if step == 0 else [CachedRequest("r", [], computed, 8)]
         outcome = engine.execute(StepPlan(step, new, cached, {"r": num_tokens}))
-        received.append(outcome.prompt_logprobs["r"])
+        received.append(outcome.prompt_logprobs.by_request()["r"])
         computed, step = computed + num_tokens, step + 1
     with torch.inference_mode():
         reference = hf_model(torch.tensor([prompt])).logits[0].log_softmax(-1)
@@ -33,7 +33,7 @@ def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_
     assert token_ids == prompt[1:]
     torch.testing.assert_close(logprobs, reference[torch.arange(len(prompt) - 1), prompt[1:]], atol=1e-4, rtol=0)
     assert top_ids == reference[:-1].topk(2).indices.flatten().tolist()
-    assert outcome.logprobs["r"].token_ids == [reference[-1].argmax().item()]
+    assert outcome.logprobs.by_request()["r"].token_ids == [reference[-1].argmax().item()]
 
 
 def test_prompt_logprobs_of_a_long_prefill_chunk_come_in_parts_and_match_hf(default_model_dir, hf_model,
@@ -49,7 +49,7 @@ def test_prompt_logprobs_of_a_long_prefill_chunk_come_in_parts_and_match_hf(defa
     received = engine.execute(StepPlan(0, [NewRequest("r", prompt, blocks, 0, params)], [], {"r": len(prompt)}))
     with torch.inference_mode():
         reference = hf_model(torch.tensor([prompt])).logits[0].log_softmax(-1)[:-1]
-    logprobs = received.prompt_logprobs["r"]
+    logprobs = received.prompt_logprobs.by_request()["r"]
     assert logprobs.token_ids == prompt[1:]
     torch.testing.assert_close(torch.tensor(logprobs.logprobs), reference[torch.arange(len(prompt) - 1), prompt[1:]],
                                atol=1e-4, rtol=0)

@@ -400,11 +400,11 @@ def test_logprobs_are_of_the_raw_logits_which_sampling_leaves_as_they_are(device
     sample = sampler.sample(logits, names, torch.tensor(sampler.rows.indices(names), device=device))
     assert torch.equal(logits, raw)
     token_ids = sample.token_ids.tolist()
-    result = sampler.finish(sample, token_ids)
-    assert sorted(result.logprobs) == ["greedy", "penalised"] and token_ids[2] == 9
+    logprobs_of = sampler.finish(sample, token_ids).logprobs.by_request()
+    assert sorted(logprobs_of) == ["greedy", "penalised"] and token_ids[2] == 9
     expected = raw.log_softmax(dim=-1)
     for row, name in ((0, "penalised"), (2, "greedy")):
-        logprobs, token = result.logprobs[name], token_ids[row]
+        logprobs, token = logprobs_of[name], token_ids[row]
         assert logprobs.token_ids == [token]
         assert logprobs.ranks == [int((raw[row] > raw[row, token]).sum()) + 1]
         torch.testing.assert_close(torch.tensor(logprobs.logprobs), expected[row, token:token + 1].cpu())

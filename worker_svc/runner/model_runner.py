@@ -4,6 +4,7 @@ from itertools import accumulate
 
 import torch
 
+from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.runner.batch_state import BatchState, RequestState
 from worker_svc.runner.decode_graphs import DecodeGraphs
@@ -136,7 +137,7 @@ class ModelRunner:
             accepted = result.accepted_token_ids
             self.batch.resolve(oldest.sampled, token_ids,
                                [accepted.get(r, ()) for r in oldest.sample.request_ids] if accepted else None)
-            prompt_logprobs = {} if oldest.prompt_logprobs is None else oldest.prompt_logprobs.lists()
+            prompt_logprobs = LogprobRows() if oldest.prompt_logprobs is None else oldest.prompt_logprobs.rows()
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
                                          prompt_logprobs, result.grammar_completed_request_ids,
                                          result.grammar_errors, accepted)

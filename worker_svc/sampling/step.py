@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepPlan
 from worker_svc.sampling.ops import sample as sample_tokens
 from worker_svc.sampling.rows import SamplingRows
@@ -28,7 +28,7 @@ class DeviceSample:
 @dataclass(slots=True)
 class SampleResult:
     sampled_token_ids: dict[str, int]
-    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    logprobs: LogprobRows = field(default_factory=LogprobRows)
     grammar_completed_request_ids: list[str] = field(default_factory=list)
     grammar_errors: dict[str, str] = field(default_factory=dict)
     accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -92,7 +92,7 @@ class StepSampler:
                                      for request_id, count in zip(sample.request_ids, num_accepted)
                                      if request_id in proposals}
         if sample.logprobs is not None:
-            result.logprobs = sample.logprobs.lists()
+            result.logprobs = sample.logprobs.rows()
         return result
 
     def _logprobs(self, logits: torch.Tensor, request_ids: list[str], token_ids: torch.Tensor,

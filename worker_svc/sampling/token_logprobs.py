@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.core.logprobs import Logprobs
+from sluice.core.logprobs import LogprobRows
 
 
 @dataclass(slots=True)
@@ -27,18 +27,17 @@ class LogprobTensors:
         point of its stream."""
         return LogprobTensors(self.groups, *(tensor.to("cpu", non_blocking=True) for tensor in self.tensors))
 
-    def lists(self) -> dict[str, Logprobs]:
-        token_list, logprob_list, rank_list = self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
-        top_id_list, top_logprob_list = self.top_ids.tolist(), self.top_logprobs.tolist()
-        out, start = {}, 0
-        for request_id, num_rows, num_top in self.groups:
-            end = start + num_rows
-            out[request_id] = Logprobs(
-                num_top, token_list[start:end], logprob_list[start:end], rank_list[start:end],
-                [t for row in top_id_list[start:end] for t in row[:num_top]],
-                [v for row in top_logprob_list[start:end] for v in row[:num_top]])
-            start = end
-        return out
+    def rows(self) -> LogprobRows:
+        """As packed lists, each row with its group's num_top alternatives."""
+        request_ids, num_rows, num_tops = (list(column) for column in zip(*self.groups))
+        top_ids, top_logprobs = self.top_ids, self.top_logprobs
+        if min(num_tops) < top_ids.shape[1]:
+            device = top_ids.device
+            row_tops = torch.tensor(num_tops, device=device).repeat_interleave(torch.tensor(num_rows, device=device))
+            kept = torch.arange(top_ids.shape[1], device=device) < row_tops.unsqueeze(1)
+            top_ids, top_logprobs = top_ids[kept], top_logprobs[kept]
+        return LogprobRows(request_ids, num_rows, num_tops, self.token_ids.tolist(), self.logprobs.tolist(),
+                           self.ranks.tolist(), top_ids.flatten().tolist(), top_logprobs.flatten().tolist())
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[tuple[str, int, int]],
