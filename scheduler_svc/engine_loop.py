@@ -63,7 +63,6 @@ class EngineLoop:
             self._publish(self.scheduler.expire_deadlines(time.monotonic()))
             if len(in_flight) < MAX_STEPS_IN_FLIGHT:
                 plan = self.scheduler.schedule()
-                self.telemetry.observe_load()
                 if not plan.is_empty:
                     self.telemetry.planned(plan)
                     self.worker.send(plan)

@@ -78,11 +78,6 @@ class SchedulerTelemetry:
                 if tracked.num_open_samples == 0:
                     self._end(update.request_id, tracked, update)
 
-    def observe_load(self) -> None:
-        blocks = self.scheduler.block_manager
-        self.metrics.observe_load(self.scheduler.get_load(), blocks.num_prefix_query_tokens,
-                                  blocks.num_prefix_hit_tokens)
-
     def _child(self, span: trace.Span, name: str) -> trace.Span:
         return self.tracer.start_span(name, context=trace.set_span_in_context(span))
 

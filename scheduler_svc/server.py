@@ -6,6 +6,7 @@ import logging
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine_loop import EngineLoop
 from scheduler_svc.kv_event_log import KvEventLog
+from scheduler_svc.load_metrics import SchedulerLoadCollector
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
@@ -43,6 +44,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
             sessions = RouterSessions()
             scheduler = Scheduler(config, set(info.eos_token_ids))
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
+            service.metrics_registry.register(SchedulerLoadCollector(scheduler, info.model))
             loop = EngineLoop(scheduler, worker, sessions,
                               SchedulerTelemetry(scheduler, service.tracer, metrics, info.model), KvEventLog())
             model_info = generation_pb2.ModelInfo(model=info.model, architecture=info.architecture,
