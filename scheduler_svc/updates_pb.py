@@ -41,8 +41,6 @@ def step_update_to_pb(updates: list[RequestUpdate]) -> scheduler_pb2.StepUpdate:
 
 
 def _logprob_rows_to_pb(parts: list[tuple[RequestUpdate, Logprobs]]) -> generation_pb2.LogprobRows | None:
-    if not parts:
-        return None
     rows = LogprobRows.packed([u.request_id for u, _ in parts], [logprobs for _, logprobs in parts])
     return logprob_rows_to_pb(rows, [u.sample_index for u, _ in parts])
 
