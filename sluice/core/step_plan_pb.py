@@ -87,6 +87,8 @@ def outcome_from_pb(message: pb.StepResult) -> StepOutcome:
 
 def _unpack(request_ids, counts, values) -> dict[str, list[int]]:
     """request_ids[i] -> the next counts[i] of values, in order."""
+    if not request_ids:
+        return {}
     ends = list(accumulate(counts))
     values = list(values)
     return {request_id: values[end - count:end] for request_id, count, end in zip(request_ids, counts, ends)}

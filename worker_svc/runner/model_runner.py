@@ -109,7 +109,9 @@ class ModelRunner:
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
         step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
         results = [sample.token_ids] if sample.num_accepted is None else [sample.token_ids, sample.num_accepted]
-        results = torch.cat(results if drafts is None else [*results, drafts.token_ids.flatten()])
+        if drafts is not None:
+            results.append(drafts.token_ids.flatten())
+        results = results[0] if len(results) == 1 else torch.cat(results)
         if self.device.type == "cuda":
             step.host_token_ids = results.to("cpu", non_blocking=True)
             if sample.logprobs is not None:
