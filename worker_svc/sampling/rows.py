@@ -4,6 +4,8 @@ the requests it samples instead of rebuilding them from Python lists, and record
 A joining request's row is staged on the host and uploaded with the next gather, in one asynchronous copy per table:
 writing device tensors element by element from Python would make the host wait for the device."""
 from dataclasses import dataclass
+from functools import reduce
+from operator import and_, or_
 
 import torch
 
@@ -20,10 +22,40 @@ _F = {name: i for i, name in enumerate(_FLOATS)}
 _I = {name: i for i, name in enumerate(_INTS)}
 
 
+class _Uses:
+    """What a row needs of a step's sampling, as bits found once when it joins: a step ORs (and ANDs) its rows' bits
+    instead of asking every row's parameters one question at a time. Plain ints: an enum's operators cost a call."""
+
+    DRAW = 1
+    TOP_K = 2  # these three: a drawing row's filters
+    TOP_P = 4
+    MIN_P = 8
+    PENALTIES = 16
+    MIN_TOKENS = 32
+    LOGIT_BIAS = 64
+    BAD_WORDS = 128
+    ALLOWED_TOKENS = 256
+    CANDIDATES_SUFFICE = 512  # greedy, or a top-k small enough for a top-k step's candidates
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> int:
+        draws = not params.greedy
+        uses = {cls.DRAW: draws, cls.TOP_K: draws and params.top_k > 0, cls.TOP_P: draws and params.top_p < 1,
+                cls.MIN_P: draws and params.min_p > 0, cls.PENALTIES: params.has_penalties,
+                cls.MIN_TOKENS: params.min_tokens > 0, cls.LOGIT_BIAS: bool(params.logit_bias),
+                cls.BAD_WORDS: bool(params.bad_words_token_ids), cls.ALLOWED_TOKENS: bool(params.allowed_token_ids),
+                cls.CANDIDATES_SUFFICE: not draws or 0 < params.top_k <= TOP_K_CANDIDATES // 2}
+        return sum(flag for flag, used in uses.items() if used)
+
+
+_FILTERS = _Uses.TOP_K | _Uses.TOP_P | _Uses.MIN_P
+
+
 @dataclass(slots=True)
 class _Row:
     index: int
     params: SamplingParams
+    uses: int
 
 
 class PaddedTable:
@@ -75,12 +107,14 @@ class SamplingRows:
         self._allowed = PaddedTable(_INITIAL_ROWS, vocab_size, device)  # allowed_token_ids (values unused)
         self._bad_words = BadWords(_INITIAL_ROWS, vocab_size, device)
         self._history: PenaltyHistory | None = None  # allocated with the first request that has penalties
+        self.num_logprob_rows = 0  # live rows whose requests ask for logprobs
 
     def add(self, request_id: str, params: SamplingParams, seed: int, prompt_ids: list[int],
             output_ids: list[int]) -> None:
         if not self._free:
             self._grow()
-        row = self._rows[request_id] = _Row(self._free.pop(), params)
+        row = self._rows[request_id] = _Row(self._free.pop(), params, _Uses.of(params))
+        self.num_logprob_rows += params.logprobs is not None
         i = row.index
         floats = [0.0 if params.greedy else params.temperature, params.top_p, params.min_p, params.presence_penalty,
                   params.frequency_penalty, params.repetition_penalty]
@@ -103,6 +137,7 @@ class SamplingRows:
         row = self._rows.pop(request_id, None)
         if row is not None:
             self._free.append(row.index)
+            self.num_logprob_rows -= row.params.logprobs is not None
             if self._history is not None:
                 self._history.clear_row(row.index)
 
@@ -117,52 +152,51 @@ class SamplingRows:
         holds allowed_token_ids only (the structured-output mask is the caller's)."""
         self._flush()
         rows = [self._rows[request_id] for request_id in request_ids]
-        params = [row.params for row in rows]
+        uses = [row.uses for row in rows]
+        any_uses, all_uses = reduce(or_, uses, 0), reduce(and_, uses, -1)
         tensors = SamplingTensors()
-        draws = not all(p.greedy for p in params)
-        penalties = any(p.has_penalties for p in params)
-        min_tokens = any(p.min_tokens for p in params)
+        draws, penalties, min_tokens = (bool(any_uses & use) for use in (_Uses.DRAW, _Uses.PENALTIES,
+                                                                         _Uses.MIN_TOKENS))
         floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
         ints = self._ints[index] if draws or min_tokens else None
         if draws:
-            drawing = [p for p in params if not p.greedy]
             tensors.draws = RandomDraws(
                 temperature=floats[:, _F["temperature"]],
-                top_k=ints[:, _I["top_k"]] if any(p.top_k > 0 for p in drawing) else None,
-                top_p=floats[:, _F["top_p"]] if any(p.top_p < 1 for p in drawing) else None,
-                min_p=floats[:, _F["min_p"]] if any(p.min_p > 0 for p in drawing) else None,
+                top_k=ints[:, _I["top_k"]] if any_uses & _Uses.TOP_K else None,
+                top_p=floats[:, _F["top_p"]] if any_uses & _Uses.TOP_P else None,
+                min_p=floats[:, _F["min_p"]] if any_uses & _Uses.MIN_P else None,
                 seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
                 output_positions=ints[:, _I["num_output"]],
-                filter_width=self._filter_width(drawing))
+                filter_width=self._filter_width(rows, any_uses, all_uses))
         if penalties:
             tensors.penalties = self._history.penalties(
-                [row.index for row in rows if row.params.has_penalties], index, floats[:, _F["presence"]],
+                [row.index for row in rows if row.uses & _Uses.PENALTIES], index, floats[:, _F["presence"]],
                 floats[:, _F["frequency"]], floats[:, _F["repetition"]])
         sparse = []
-        if any(p.logit_bias for p in params):
+        if any_uses & _Uses.LOGIT_BIAS:
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
         if min_tokens:
             still_short = (ints[:, _I["num_output"]] < ints[:, _I["min_tokens"]]).unsqueeze(1)
             bans = self._min_tokens_bans
             sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
-        if any(p.bad_words_token_ids for p in params):
+        if any_uses & _Uses.BAD_WORDS:
             sparse.append(self._bad_words.bans(index))
         if sparse:
             tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
                                           torch.cat([values for _, values in sparse], dim=1))
-        if any(p.allowed_token_ids for p in params):
-            listed = torch.zeros(len(params), self.vocab_size + 1, dtype=torch.bool, device=self.device)
+        if any_uses & _Uses.ALLOWED_TOKENS:
+            listed = torch.zeros(len(rows), self.vocab_size + 1, dtype=torch.bool, device=self.device)
             listed = listed.scatter_(1, self._allowed.ids[index], True)[:, :self.vocab_size]  # padding lands past it
             tensors.allowed = listed | ~listed.any(dim=1, keepdim=True)  # a row with no list allows every token
         return tensors
 
-    def _filter_width(self, drawing: list[SamplingParams]) -> int | None:
+    def _filter_width(self, rows: list[_Row], any_uses: int, all_uses: int) -> int | None:
         """None when no drawing row filters; the candidates of a top-k step when every drawing row has a small
         top-k; else the whole vocabulary."""
-        if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in drawing):
+        if not any_uses & _FILTERS:
             return None
-        if all(0 < p.top_k <= TOP_K_CANDIDATES // 2 for p in drawing):
-            return candidate_width(max(p.top_k for p in drawing), self.vocab_size)
+        if all_uses & _Uses.CANDIDATES_SUFFICE:
+            return candidate_width(max(row.params.top_k for row in rows if row.uses & _Uses.DRAW), self.vocab_size)
         return self.vocab_size
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:

@@ -99,6 +99,8 @@ class StepSampler:
                   first_rows: list[int] | None) -> LogprobTensors | None:
         """Of the rows that asked: straight from the logits when every row did and none verified proposals, else
         from a copy of those rows (first_rows: each request's row of logits, with proposals)."""
+        if not self.rows.num_logprob_rows:
+            return None
         asked = [(i, request_id, self.rows.params(request_id).logprobs) for i, request_id in enumerate(request_ids)]
         asked = [(i, request_id, num_top) for i, request_id, num_top in asked if num_top is not None]
         if not asked:
