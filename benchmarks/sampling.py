@@ -1,6 +1,7 @@
 """Time one sampling step (the worker's SamplingRows gather + sample, and logprobs where asked) for a batch of rows:
-`python benchmarks/sampling.py [--device cuda] [--batch 256] [--vocab 151936] [--profile]`. Prints the median per
-setting, and with --profile the operators that take its device time."""
+`python benchmarks/sampling.py [--device cuda] [--batch 256] [--vocab 151936] [--profile] [--gather-only]`. Prints the
+median per setting, with --profile the operators that take its device time, and with --gather-only the time of the
+gather alone (the step's host work of finding what its rows need)."""
 import argparse
 import statistics
 import time
@@ -32,6 +33,13 @@ def _time_step(sampler: StepSampler, request_ids: list[str], logits: torch.Tenso
     return time.perf_counter() - started
 
 
+def _time_gather(sampler: StepSampler, request_ids: list[str], logits: torch.Tensor, device: torch.device) -> float:
+    rows = torch.tensor(sampler.rows.indices(request_ids), device=device)
+    started = time.perf_counter()
+    sampler.rows.gather(request_ids, rows)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
@@ -39,6 +47,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--gather-only", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
     logits = torch.randn(args.batch, args.vocab, device=device) * 3
@@ -47,8 +56,9 @@ def main() -> None:
         request_ids = [f"r{i}" for i in range(args.batch)]
         for i, request_id in enumerate(request_ids):
             sampler.rows.add(request_id, params, i, [1, 2, 3], [])
-        times = [_time_step(sampler, request_ids, logits, device) for _ in range(args.steps)]
-        print(f"{name:42} {statistics.median(times[3:]) * 1000:8.3f} ms per step "
+        timed = _time_gather if args.gather_only else _time_step
+        times = [timed(sampler, request_ids, logits, device) for _ in range(args.steps)]
+        print(f"{name:42} {statistics.median(times[3:]) * 1000:8.3f} ms per {'gather' if args.gather_only else 'step'} "
               f"(batch {args.batch}, vocab {args.vocab}, {device})", flush=True)
         if args.profile:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
