@@ -1,81 +1,109 @@
-"""The draw at a uniform number from integer weights, one program per row: the row's total, then a scan of its
-cumulative weight until it exceeds the uniform's share of the total. It finds the index that
-worker_svc.sampling.ops.draw (the reference) finds from slices' sums and one slice, in one launch for twenty, and
-stops reading a row at the drawn index. Integer sums are exact, so both find the same one.
+"""The draw at a uniform number from integer weights: the first index whose cumulative weight exceeds the uniform's
+share of the row's total, the index that worker_svc.sampling.ops.draw (the reference) finds from slices' sums and one
+slice. Two launches instead of twenty: one program per chunk of a row sums the chunk, then one program per row picks
+the chunk where the cumulative weight crosses and scans that chunk alone. Integer sums are exact, so both find the
+same index.
 
-Given float32 probabilities, it converts them to fixed-point weights as it reads them, as
-worker_svc.sampling.ops.fixed_point does, rather than the caller writing and the kernel reading an int64 copy of the
+Given float32 probabilities, the kernels convert them to fixed-point weights as they read them, as
+worker_svc.sampling.ops.fixed_point does, rather than the caller writing and the kernels reading an int64 copy of the
 row. nucleus_draw also keeps, as it reads, what the filters over the whole vocabulary keep once the threshold
 searches are done (worker_svc.sampling.ops._kept_in_token_order, in about a dozen full-vocabulary operations): top-p
 the keys above its threshold key and, of those equal to it, the first ones in token order that still fit under its
-mass limit; min-p the tokens at least min_p times as likely as the likeliest."""
+mass limit; min-p the tokens at least min_p times as likely as the likeliest. Keys equal to the threshold key come
+from equal logits, so they weigh the same: a chunk's share of them is a count times that weight."""
 import torch
 import triton
 import triton.language as tl
 
-_BLOCK = 2048  # weights summed at once
+_CHUNK = 2048  # weights a program sums
 _FIXED_POINT_ONE = tl.constexpr(2.0**40)  # worker_svc.sampling.ops.FIXED_POINT_BITS
 
 
 @triton.jit
-def _kept_weights(weights_ptr, keys_ptr, probs_ptr, start, offsets, n, last, ties_kept, ties_before, min_p,
-                  FROM_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr):
-    """The block's kept weights, and how many of its keys equal top-p's threshold key."""
+def _weights(weights_ptr, keys_ptr, probs_ptr, start, offsets, n, last, min_p, FROM_PROBS: tl.constexpr,
+             HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr):
+    """A chunk's weights after min-p, which of them top-p keeps whatever the tie rule says (keys above its threshold
+    key) and which are tied with that key."""
     inside = start + offsets < n
     weights = tl.load(weights_ptr + start + offsets, mask=inside, other=0)
     if FROM_PROBS:
         weights = (weights * _FIXED_POINT_ONE).to(tl.int64)
-    num_ties = tl.full([], 0, dtype=tl.int64)
-    if HAS_TOP_P:
-        keys = tl.load(keys_ptr + start + offsets, mask=inside, other=0)
-        ties = (keys == last) & inside
-        tie_rank = ties_before + tl.cumsum(ties.to(tl.int64), axis=0)
-        weights = tl.where((keys > last) | (ties & (tie_rank <= ties_kept)), weights, 0)
-        num_ties = tl.sum(ties.to(tl.int64), axis=0)
     if HAS_MIN_P:
         probs = tl.load(probs_ptr + start + offsets, mask=inside, other=0.0)
         weights = tl.where(probs < min_p, 0, weights)
-    return weights, num_ties
+    if HAS_TOP_P:
+        keys = tl.load(keys_ptr + start + offsets, mask=inside, other=0)
+        above = keys > last
+        ties = (keys == last) & inside
+    else:
+        above = inside
+        ties = offsets < 0
+    return weights, above, ties
 
 
 @triton.jit
-def _draw_kernel(weights_ptr, keys_ptr, probs_ptr, last_ptr, ties_kept_ptr, min_p_ptr, uniform_ptr, out_ptr, n,
-                 weights_row_stride, keys_row_stride, probs_row_stride, min_p_stride, FROM_PROBS: tl.constexpr,
-                 HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr):
+def _chunk_sums_kernel(weights_ptr, keys_ptr, probs_ptr, last_ptr, min_p_ptr, above_sums_ptr, tie_counts_ptr,
+                       tie_sums_ptr, n, weights_row_stride, keys_row_stride, probs_row_stride, min_p_stride,
+                       FROM_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+                       CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    weights_ptr += row * weights_row_stride
-    keys_ptr += row * keys_row_stride
-    probs_ptr += row * probs_row_stride
+    chunk = tl.program_id(1)
+    out = row * tl.num_programs(1) + chunk
+    last = tl.full([], 0, dtype=tl.int64)
+    min_p = 0.0
+    if HAS_TOP_P:
+        last = tl.load(last_ptr + row)
+    if HAS_MIN_P:
+        min_p = tl.load(min_p_ptr + row * min_p_stride)
+    weights, above, ties = _weights(weights_ptr + row * weights_row_stride, keys_ptr + row * keys_row_stride,
+                                    probs_ptr + row * probs_row_stride, chunk * CHUNK, tl.arange(0, CHUNK), n, last,
+                                    min_p, FROM_PROBS, HAS_TOP_P, HAS_MIN_P)
+    tl.store(above_sums_ptr + out, tl.sum(tl.where(above, weights, 0), axis=0))
+    if HAS_TOP_P:
+        tl.store(tie_counts_ptr + out, tl.sum(ties.to(tl.int64), axis=0))
+        tl.store(tie_sums_ptr + out, tl.sum(tl.where(ties, weights, 0), axis=0))
+
+
+@triton.jit
+def _draw_kernel(weights_ptr, keys_ptr, probs_ptr, last_ptr, ties_kept_ptr, min_p_ptr, uniform_ptr, above_sums_ptr,
+                 tie_counts_ptr, tie_sums_ptr, out_ptr, n, num_chunks, weights_row_stride, keys_row_stride,
+                 probs_row_stride, min_p_stride, FROM_PROBS: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                 HAS_MIN_P: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.arange(0, CHUNKS)
+    sums_at = row * num_chunks + chunks
+    inside = chunks < num_chunks
+    kept = tl.load(above_sums_ptr + sums_at, mask=inside, other=0)
     last = tl.full([], 0, dtype=tl.int64)
     ties_kept = tl.full([], 0, dtype=tl.int64)
+    ties_before = tl.zeros([CHUNKS], dtype=tl.int64)
     min_p = 0.0
     if HAS_TOP_P:
         last = tl.load(last_ptr + row)
         ties_kept = tl.load(ties_kept_ptr + row)
+        tie_counts = tl.load(tie_counts_ptr + sums_at, mask=inside, other=0)
+        tie_sums = tl.load(tie_sums_ptr + sums_at, mask=inside, other=0)
+        ties_before = tl.cumsum(tie_counts, axis=0) - tie_counts
+        kept_ties = tl.minimum(tl.maximum(ties_kept - ties_before, 0), tie_counts)
+        kept += tl.where(tie_counts > 0, kept_ties * (tie_sums // tl.maximum(tie_counts, 1)), 0)
     if HAS_MIN_P:
         min_p = tl.load(min_p_ptr + row * min_p_stride)
-    offsets = tl.arange(0, BLOCK)
-    total = tl.full([], 0, dtype=tl.int64)
-    ties_before = tl.full([], 0, dtype=tl.int64)
-    for start in range(0, n, BLOCK):
-        weights, num_ties = _kept_weights(weights_ptr, keys_ptr, probs_ptr, start, offsets, n, last, ties_kept,
-                                          ties_before, min_p, FROM_PROBS, HAS_TOP_P, HAS_MIN_P)
-        total += tl.sum(weights, axis=0)
-        ties_before += num_ties
+    kept_up_to = tl.cumsum(kept, axis=0)
+    total = tl.sum(kept, axis=0)
     target = tl.minimum((tl.load(uniform_ptr + row) * total.to(tl.float64)).to(tl.int64), total - 1)
-    before = tl.full([], 0, dtype=tl.int64)
-    ties_before = tl.full([], 0, dtype=tl.int64)
-    drawn = tl.full([], -1, dtype=tl.int64)
-    start = 0
-    while (drawn < 0) & (start < n):
-        weights, num_ties = _kept_weights(weights_ptr, keys_ptr, probs_ptr, start, offsets, n, last, ties_kept,
-                                          ties_before, min_p, FROM_PROBS, HAS_TOP_P, HAS_MIN_P)
-        crossing = tl.min(tl.where(before + tl.cumsum(weights, axis=0) > target, offsets, BLOCK), axis=0)
-        drawn = tl.where(crossing < BLOCK, start + crossing, drawn).to(tl.int64)
-        before += tl.sum(weights, axis=0)
-        ties_before += num_ties
-        start += BLOCK
-    tl.store(out_ptr + row, drawn)
+    chunk = tl.sum(((kept_up_to <= target) & inside).to(tl.int32), axis=0)  # the first chunk that crosses it
+    chosen = chunks == chunk
+    before = tl.sum(tl.where(chosen, kept_up_to - kept, 0), axis=0)
+    offsets = tl.arange(0, CHUNK)
+    weights, above, ties = _weights(weights_ptr + row * weights_row_stride, keys_ptr + row * keys_row_stride,
+                                    probs_ptr + row * probs_row_stride, chunk * CHUNK, offsets, n, last, min_p,
+                                    FROM_PROBS, HAS_TOP_P, HAS_MIN_P)
+    if HAS_TOP_P:
+        tie_rank = tl.sum(tl.where(chosen, ties_before, 0), axis=0) + tl.cumsum(ties.to(tl.int64), axis=0)
+        above = above | (ties & (tie_rank <= ties_kept))
+    weights = tl.where(above, weights, 0)
+    crossing = tl.min(tl.where(before + tl.cumsum(weights, axis=0) > target, offsets, CHUNK), axis=0)
+    tl.store(out_ptr + row, chunk * CHUNK + crossing)
 
 
 def weighted_draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -102,11 +130,21 @@ def _draw(weights, keys, probs, last, ties_kept, min_p, uniform) -> torch.Tensor
     if any(t is not None and t.stride(1) != 1 for t in (weights, keys, probs)):
         raise ValueError("weights, keys and probs rows must be contiguous")
     out = torch.empty(batch, dtype=torch.int64, device=weights.device)
-    if batch:
-        unread = uniform  # a pointer the kernel never reads, for an input it does without
-        _draw_kernel[(batch,)](
-            weights, *(unread if t is None else t for t in (keys, probs, last, ties_kept, min_p)), uniform, out, n,
-            weights.stride(0), *(0 if t is None else t.stride(0) for t in (keys, probs, min_p)),
-            FROM_PROBS=weights.dtype == torch.float32, HAS_TOP_P=last is not None, HAS_MIN_P=min_p is not None,
-            BLOCK=min(_BLOCK, triton.next_power_of_2(n)), num_warps=8)
+    if not batch:
+        return out
+    chunk = min(_CHUNK, triton.next_power_of_2(n))
+    num_chunks = triton.cdiv(n, chunk)
+    above_sums, tie_counts, tie_sums = (torch.empty(batch, num_chunks, dtype=torch.int64, device=weights.device)
+                                        for _ in range(3))
+    unread = uniform  # a pointer the kernels never read, for an input they do without
+    inputs = [unread if t is None else t for t in (keys, probs, last)]
+    strides = [weights.stride(0), *(0 if t is None else t.stride(0) for t in (keys, probs, min_p))]
+    variant = {"FROM_PROBS": weights.dtype == torch.float32, "HAS_TOP_P": last is not None,
+               "HAS_MIN_P": min_p is not None, "CHUNK": chunk}
+    min_p = unread if min_p is None else min_p
+    _chunk_sums_kernel[(batch, num_chunks)](weights, *inputs, min_p, above_sums, tie_counts, tie_sums, n, *strides,
+                                            **variant, num_warps=8)
+    _draw_kernel[(batch,)](weights, *inputs, unread if ties_kept is None else ties_kept, min_p, uniform, above_sums,
+                           tie_counts, tie_sums, out, n, num_chunks, *strides, **variant,
+                           CHUNKS=triton.next_power_of_2(num_chunks), num_warps=8)
     return out

@@ -9,7 +9,7 @@ from kernels.candidate_draw import _candidate_draw_kernel
 from kernels.logprob_stats import _chunk_stats_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
 from kernels.threshold_search import _threshold_search_kernel
-from kernels.weighted_draw import _draw_kernel
+from kernels.weighted_draw import _chunk_sums_kernel, _draw_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp64", "num_rows": "i32",
@@ -30,8 +30,13 @@ THRESHOLD_SEARCH = {"keys_ptr": "*i32", "weights_ptr": "*i64", "limit_ptr": "*i6
                     "keys_row_stride": "i32",
                     "weights_row_stride": "i32"}
 
+CHUNK_SUMS = {"weights_ptr": "*i64", "keys_ptr": "*i32", "probs_ptr": "*fp32", "last_ptr": "*i64",
+              "min_p_ptr": "*fp32", "above_sums_ptr": "*i64", "tie_counts_ptr": "*i64", "tie_sums_ptr": "*i64",
+              "n": "i32", "weights_row_stride": "i32", "keys_row_stride": "i32", "probs_row_stride": "i32",
+              "min_p_stride": "i32"}
 DRAW = {"weights_ptr": "*i64", "keys_ptr": "*i32", "probs_ptr": "*fp32", "last_ptr": "*i64", "ties_kept_ptr": "*i64",
-        "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "out_ptr": "*i64", "n": "i32", "weights_row_stride": "i32",
+        "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "above_sums_ptr": "*i64", "tie_counts_ptr": "*i64",
+        "tie_sums_ptr": "*i64", "out_ptr": "*i64", "n": "i32", "num_chunks": "i32", "weights_row_stride": "i32",
         "keys_row_stride": "i32", "probs_row_stride": "i32", "min_p_stride": "i32"}
 
 
@@ -54,15 +59,14 @@ def main() -> None:
     for num_top in (0, 5, 20):
         ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
-    for weights_type in ("*i64", "*fp32"):
-        ptx = compiled_ptx(_draw_kernel, DRAW | {"weights_ptr": weights_type},
-                           {"FROM_PROBS": weights_type == "*fp32", "HAS_TOP_P": False, "HAS_MIN_P": False,
-                            "BLOCK": 2048}, 8)
-        print(f"weighted_draw of {weights_type[1:]}: {len(ptx)} bytes of PTX")
-    for top_p, min_p in ((True, False), (True, True), (False, True)):
-        ptx = compiled_ptx(_draw_kernel, DRAW, {"FROM_PROBS": False, "HAS_TOP_P": top_p, "HAS_MIN_P": min_p,
-                                                "BLOCK": 2048}, 8)
-        print(f"nucleus_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX")
+    variants = [("weighted_draw of i64", "*i64", False, False), ("weighted_draw of fp32", "*fp32", False, False)]
+    variants += [(f"nucleus_draw top_p {top_p} min_p {min_p}", "*i64", top_p, min_p)
+                 for top_p, min_p in ((True, False), (True, True), (False, True))]
+    for name, weights_type, top_p, min_p in variants:
+        variant = {"FROM_PROBS": weights_type == "*fp32", "HAS_TOP_P": top_p, "HAS_MIN_P": min_p, "CHUNK": 2048}
+        sums = compiled_ptx(_chunk_sums_kernel, CHUNK_SUMS | {"weights_ptr": weights_type}, variant, 8)
+        draw = compiled_ptx(_draw_kernel, DRAW | {"weights_ptr": weights_type}, variant | {"CHUNKS": 128}, 8)
+        print(f"{name}: {len(sums)} and {len(draw)} bytes of PTX")
     for weighted in (True, False):
         ptx = compiled_ptx(_threshold_search_kernel, THRESHOLD_SEARCH, {"HAS_WEIGHTS": weighted, "BLOCK": 512}, 8)
         print(f"threshold_search {'weighted' if weighted else 'counting'}: {len(ptx)} bytes of PTX, "

@@ -84,19 +84,19 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 
 
 def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
-    """The tokens that drawn_tokens draws from sampling_weights, in fewer launches: without filters, one kernel draws
-    from the probabilities (making their fixed-point weights as it reads them); from a top-k step's candidates, one
-    kernel filters and draws; over the whole vocabulary, one keeps and draws after the threshold searches
-    (tests/kernels/test_candidate_draw.py, test_nucleus_draw.py)."""
+    """The tokens that drawn_tokens draws from sampling_weights, in fewer launches: without filters,
+    kernels.weighted_draw draws from the probabilities (making their fixed-point weights as it reads them); from a
+    top-k step's candidates, one kernel filters and draws; over the whole vocabulary, nucleus_draw keeps and draws
+    after the threshold searches (tests/kernels/test_candidate_draw.py, test_nucleus_draw.py)."""
     from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
     from kernels.weighted_draw import weighted_draw
 
-    scaled = _scaled(logits, draws.temperature)
     if draws.filter_width is None:
-        return weighted_draw(unnormalised_probs(scaled), uniform)
+        return weighted_draw(unnormalised_probs(_scaled(logits, draws.temperature)), uniform)
     if draws.filter_width == logits.shape[-1]:
-        return _drawn_over_the_vocabulary_on_gpu(scaled, draws, uniform)
-    values, token_ids = scaled.topk(draws.filter_width, dim=-1, sorted=False)
+        return _drawn_over_the_vocabulary_on_gpu(_scaled(logits, draws.temperature), draws, uniform)
+    values, token_ids = logits.topk(draws.filter_width, dim=-1, sorted=False)  # dividing keeps the order: scale
+    values = _scaled(values, draws.temperature)  # the candidates alone
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
     return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform)
 
@@ -141,8 +141,8 @@ def fixed_point(probs: torch.Tensor) -> torch.Tensor:
 def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The first index whose cumulative weight exceeds `uniform` times the total (a weight of 0 is never drawn).
     weights: [batch, n] int64. A wide row is searched in two levels, slices' sums then one slice, rather than by a
-    cumulative sum over the whole row; on a GPU, one kernel scans each row (kernels.weighted_draw). The sums are
-    exact, so all three find the same index."""
+    cumulative sum over the whole row; on a GPU, kernels.weighted_draw sums every row's chunks at once, then scans the
+    chunk where the row crosses. The sums are exact, so all three find the same index."""
     if weights.is_cuda:
         from kernels.weighted_draw import weighted_draw  # every CUDA build of torch brings Triton
         return weighted_draw(weights, uniform)
