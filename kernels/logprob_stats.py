@@ -8,11 +8,12 @@ import triton
 import triton.language as tl
 
 _CHUNK = 2048  # vocabulary entries per program
+_GROUP = tl.constexpr(32)  # columns whose largest logit picks whether the top-token search reads them
 
 
 @triton.jit
 def _chunk_stats_kernel(logits_ptr, token_ids_ptr, max_ptr, sum_ptr, above_ptr, top_values_ptr, top_ids_ptr, vocab,
-                        row_stride, NUM_TOP: tl.constexpr, CHUNK: tl.constexpr):
+                        row_stride, NUM_TOP: tl.constexpr, TOP_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     out = row * tl.num_programs(1) + chunk
@@ -25,11 +26,35 @@ def _chunk_stats_kernel(logits_ptr, token_ids_ptr, max_ptr, sum_ptr, above_ptr, 
     tl.store(max_ptr + out, largest)
     tl.store(sum_ptr + out, tl.sum(tl.exp(x - largest), axis=0))
     tl.store(above_ptr + out, tl.sum((x > chosen).to(tl.int32), axis=0))
+    if NUM_TOP > 0:
+        _chunk_top(x, logits_ptr, chunk * CHUNK, vocab, top_values_ptr + out * NUM_TOP, top_ids_ptr + out * NUM_TOP,
+                   NUM_TOP, TOP_BLOCK, CHUNK, _GROUP)
+
+
+@triton.jit
+def _chunk_top(x, logits_ptr, start, vocab, values_out_ptr, ids_out_ptr, NUM_TOP: tl.constexpr,
+               TOP_BLOCK: tl.constexpr, CHUNK: tl.constexpr, GROUP: tl.constexpr):
+    """The chunk's NUM_TOP largest logits, largest first and the lowest id first among ties. They lie in the NUM_TOP
+    groups of GROUP columns with the largest maxima (ties: the lower group), so the selection reads those alone."""
+    group_max = tl.max(tl.reshape(x, (CHUNK // GROUP, GROUP)), axis=1)
+    groups = tl.arange(0, CHUNK // GROUP)
+    slots = tl.arange(0, TOP_BLOCK)
+    starts = tl.zeros([TOP_BLOCK], dtype=tl.int32)
+    for t in tl.static_range(NUM_TOP):
+        _, group = tl.max(group_max, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        starts = tl.where(slots == t, group * GROUP, starts)
+        group_max = tl.where(groups == group, float("-inf"), group_max)
+    columns = start + starts[:, None] + tl.arange(0, GROUP)[None, :]
+    kept = (slots < NUM_TOP)[:, None] & (columns < vocab)
+    values = tl.reshape(tl.load(logits_ptr + columns, mask=kept, other=float("-inf")).to(tl.float32),
+                        (TOP_BLOCK * GROUP,))
+    columns = tl.reshape(columns, (TOP_BLOCK * GROUP,))
     for t in tl.static_range(NUM_TOP):  # the largest left, first among ties the lowest id, then drop it
-        value, index = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(top_values_ptr + out * NUM_TOP + t, value)
-        tl.store(top_ids_ptr + out * NUM_TOP + t, (chunk * CHUNK + index).to(tl.int64))
-        x = tl.where(offsets == index, float("-inf"), x)
+        value = tl.max(values, axis=0)
+        column = tl.min(tl.where(values == value, columns, start + CHUNK), axis=0)
+        tl.store(values_out_ptr + t, value)
+        tl.store(ids_out_ptr + t, column.to(tl.int64))
+        values = tl.where(columns == column, float("-inf"), values)
 
 
 def logprob_stats(logits: torch.Tensor, token_ids: torch.Tensor,
@@ -51,7 +76,9 @@ def logprob_stats(logits: torch.Tensor, token_ids: torch.Tensor,
     top_ids = torch.empty(rows, num_chunks * num_top, dtype=torch.int64, device=device)
     if rows:
         _chunk_stats_kernel[(rows, num_chunks)](logits, token_ids, maxes, sums, above, top_values, top_ids, vocab,
-                                                logits.stride(0), NUM_TOP=num_top, CHUNK=_CHUNK, num_warps=8)
+                                                logits.stride(0), NUM_TOP=num_top,
+                                                TOP_BLOCK=triton.next_power_of_2(max(num_top, 1)), CHUNK=_CHUNK,
+                                                num_warps=8)
     largest = maxes.amax(dim=1, keepdim=True)
     normaliser = (largest + (sums * (maxes - largest).exp_()).sum(dim=1, keepdim=True).log_()).squeeze(1)
     values, chosen = top_values.topk(num_top, dim=1)

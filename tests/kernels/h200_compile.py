@@ -57,7 +57,8 @@ def main() -> None:
             print(f"candidate_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX, "
                   f"{'spills to local memory' if '.local' in ptx else 'no spills'}")
     for num_top in (0, 5, 20):
-        ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, {"NUM_TOP": num_top, "CHUNK": 2048}, 8)
+        constexprs = {"NUM_TOP": num_top, "TOP_BLOCK": triton.next_power_of_2(max(num_top, 1)), "CHUNK": 2048}
+        ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, constexprs, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
     variants = [("weighted_draw of i64", "*i64", False, False), ("weighted_draw of fp32", "*fp32", False, False)]
     variants += [(f"nucleus_draw top_p {top_p} min_p {min_p}", "*i64", top_p, min_p)

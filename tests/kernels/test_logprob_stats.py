@@ -29,3 +29,17 @@ def test_ties_give_the_tied_tokens_and_strided_rows_are_read_in_place(device):
     assert torch.equal(ranks, (logits > logits.gather(1, token_ids.unsqueeze(1))).sum(dim=1) + 1)
     assert torch.equal(top_values, logits.topk(8, dim=-1).values)
     assert torch.equal(logits.gather(1, top_ids), top_values) and all(len(set(row)) == 8 for row in top_ids.tolist())
+
+
+def test_top_tokens_crowded_into_few_columns(device):
+    logits = torch.randn(3, VOCAB, device=device)
+    logits[0, 40:60] = torch.arange(20, device=device) + 10.0  # all 20 top tokens in one run of columns
+    logits[1, 2048 + 7] = 50.0  # the largest in the second chunk, the next ones in the first chunk's last columns
+    logits[1, 2030:2048] = 40.0 + torch.arange(18, device=device)
+    logits[2, ::97] = 30.0  # tied tops spread over every group
+    token_ids = torch.zeros(3, dtype=torch.int64, device=device)
+    _, _, top_values, top_ids = logprob_stats(logits, token_ids, 20)
+    expected_values, expected_ids = logits.topk(20, dim=-1)
+    assert torch.equal(top_values, expected_values)
+    assert torch.equal(top_ids[:2], expected_ids[:2])
+    assert torch.equal(logits[2, top_ids[2]], top_values[2]) and len(set(top_ids[2].tolist())) == 20  # tied
