@@ -31,13 +31,14 @@ THRESHOLD_SEARCH = {"keys_ptr": "*i32", "weights_ptr": "*i64", "limit_ptr": "*i6
                     "weights_row_stride": "i32"}
 
 CHUNK_SUMS = {"weights_ptr": "*i64", "keys_ptr": "*i32", "probs_ptr": "*fp32", "last_ptr": "*i64",
-              "min_p_ptr": "*fp32", "above_sums_ptr": "*i64", "tie_counts_ptr": "*i64", "tie_sums_ptr": "*i64",
-              "n": "i32", "weights_row_stride": "i32", "keys_row_stride": "i32", "probs_row_stride": "i32",
-              "min_p_stride": "i32"}
+              "min_p_ptr": "*fp32", "temperature_ptr": "*fp32", "maxima_ptr": "*fp32", "above_sums_ptr": "*i64",
+              "tie_counts_ptr": "*i64", "tie_sums_ptr": "*i64", "n": "i32", "weights_row_stride": "i32",
+              "keys_row_stride": "i32", "probs_row_stride": "i32", "min_p_stride": "i32", "temperature_stride": "i32"}
 DRAW = {"weights_ptr": "*i64", "keys_ptr": "*i32", "probs_ptr": "*fp32", "last_ptr": "*i64", "ties_kept_ptr": "*i64",
-        "min_p_ptr": "*fp32", "uniform_ptr": "*fp64", "above_sums_ptr": "*i64", "tie_counts_ptr": "*i64",
-        "tie_sums_ptr": "*i64", "out_ptr": "*i64", "n": "i32", "num_chunks": "i32", "weights_row_stride": "i32",
-        "keys_row_stride": "i32", "probs_row_stride": "i32", "min_p_stride": "i32"}
+        "min_p_ptr": "*fp32", "temperature_ptr": "*fp32", "maxima_ptr": "*fp32", "uniform_ptr": "*fp64",
+        "above_sums_ptr": "*i64", "tie_counts_ptr": "*i64", "tie_sums_ptr": "*i64", "out_ptr": "*i64", "n": "i32",
+        "num_chunks": "i32", "weights_row_stride": "i32", "keys_row_stride": "i32", "probs_row_stride": "i32",
+        "min_p_stride": "i32", "temperature_stride": "i32"}
 
 
 def compiled_ptx(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> str:
@@ -60,11 +61,11 @@ def main() -> None:
         constexprs = {"NUM_TOP": num_top, "TOP_BLOCK": triton.next_power_of_2(max(num_top, 1)), "CHUNK": 2048}
         ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, constexprs, 8)
         print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
-    variants = [("weighted_draw of i64", "*i64", False, False), ("weighted_draw of fp32", "*fp32", False, False)]
+    variants = [("weighted_draw of i64", "*i64", False, False), ("tempered_draw", "*fp32", False, False)]
     variants += [(f"nucleus_draw top_p {top_p} min_p {min_p}", "*i64", top_p, min_p)
                  for top_p, min_p in ((True, False), (True, True), (False, True))]
     for name, weights_type, top_p, min_p in variants:
-        variant = {"FROM_PROBS": weights_type == "*fp32", "HAS_TOP_P": top_p, "HAS_MIN_P": min_p, "CHUNK": 2048}
+        variant = {"FROM_LOGITS": weights_type == "*fp32", "HAS_TOP_P": top_p, "HAS_MIN_P": min_p, "CHUNK": 2048}
         sums = compiled_ptx(_chunk_sums_kernel, CHUNK_SUMS | {"weights_ptr": weights_type}, variant, 8)
         draw = compiled_ptx(_draw_kernel, DRAW | {"weights_ptr": weights_type}, variant | {"CHUNKS": 128}, 8)
         print(f"{name}: {len(sums)} and {len(draw)} bytes of PTX")

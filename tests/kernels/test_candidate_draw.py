@@ -86,9 +86,9 @@ def test_the_gpu_step_draws_what_the_cpu_step_draws(device):
     draws = tensors.draws
     assert draws.filter_width == 128  # a power of two, twice the largest top-k
     logits = (torch.randn(len(request_ids), vocab) * 3).to(device)
-    drawn = _drawn_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions))
+    drawn = _drawn_on_gpu(logits, logits.amax(dim=-1), draws, seeded_uniform(draws.seeds, draws.output_positions))
     assert torch.equal(torch.where(draws.temperature == 0, logits.argmax(dim=-1), drawn), sample(logits, tensors))
-    draws.filter_width = None  # as if no row filtered: the kernel draws from the probabilities
+    draws.filter_width = None  # as if no row filtered: the kernel draws from the tempered logits
     draws.top_k = draws.top_p = draws.min_p = None
-    drawn = _drawn_on_gpu(logits, draws, seeded_uniform(draws.seeds, draws.output_positions))
+    drawn = _drawn_on_gpu(logits, logits.amax(dim=-1), draws, seeded_uniform(draws.seeds, draws.output_positions))
     assert torch.equal(torch.where(draws.temperature == 0, logits.argmax(dim=-1), drawn), sample(logits, tensors))

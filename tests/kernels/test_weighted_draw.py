@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels.weighted_draw import weighted_draw
-from worker_svc.sampling.ops import FIXED_POINT_BITS, draw, fixed_point
+from kernels.weighted_draw import tempered_draw, weighted_draw
+from worker_svc.sampling.ops import FIXED_POINT_BITS, draw, fixed_point, unnormalised_probs
 
 EDGE_UNIFORMS = [0.0, 1e-300, 0.5, 1 - 2**-53]
 
@@ -31,9 +31,19 @@ def test_strided_rows_and_every_crossing_of_one_row(device):
     assert expected.tolist() == [i for i, w in enumerate(row[0].tolist()) for _ in range(w)]
 
 
-def test_probabilities_draw_as_their_fixed_point_weights(device):
-    probs = torch.rand(16, 5000) ** 4
-    probs[:, 7] = 1.0  # the row's most likely token, as unnormalised_probs leaves it
-    uniform = torch.rand(16, dtype=torch.float64)
-    expected = draw(fixed_point(probs), uniform)
-    assert torch.equal(weighted_draw(probs.to(device), uniform.to(device)).cpu(), expected)
+def test_tempered_logits_draw_as_their_fixed_point_weights(device):
+    """Each row is drawn at the middle of a token's share of the reference weights, where an exp that rounds the
+    last bit otherwise than torch's cannot move the draw."""
+    logits = torch.randn(16, 5000) * 3
+    logits[3, :4000] = float("-inf")  # masked tokens weigh nothing
+    table = torch.stack([torch.rand(16) + 0.3, torch.rand(16)], dim=1)
+    table[5, 0] = 0.0  # greedy: temperature 1
+    temperature = table[:, 0]  # strided, as SamplingRows gathers it
+    weights = fixed_point(unnormalised_probs(logits / torch.where(temperature == 0, 1.0, temperature).unsqueeze(1)))
+    chosen = torch.multinomial(weights.double(), 1).squeeze(1)  # a token per row, most often a likely one
+    before = (weights.cumsum(dim=1) - weights).gather(1, chosen.unsqueeze(1)).squeeze(1)
+    middle = before + weights.gather(1, chosen.unsqueeze(1)).squeeze(1) // 2
+    uniform = middle.double() / weights.sum(dim=1).double()
+    assert torch.equal(draw(weights, uniform), chosen)
+    on_device = [t.to(device) for t in (logits, logits.amax(dim=1), temperature, uniform)]
+    assert torch.equal(tempered_draw(*on_device).cpu(), chosen)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from worker_svc.sampling.most_likely import most_likely
 from worker_svc.sampling.seeded_random import seeded_uniform
 from worker_svc.sampling.threshold import ordered_keys, threshold_key
 
@@ -72,31 +73,33 @@ class SparseLogits:
 def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     # logits: [batch, vocab] float32, left as they are -> sampled token ids [batch]
     logits = process_logits(logits, tensors)
-    greedy_tokens = logits.argmax(dim=-1)
     draws = tensors.draws
     if draws is None:
-        return greedy_tokens
+        return logits.argmax(dim=-1)
+    maxima, greedy_tokens = logits.max(dim=-1)
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
     if logits.is_cuda:
-        return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, draws, uniform))
+        return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, maxima, draws, uniform))
     token_ids, weights = sampling_weights(logits, draws)
     return torch.where(draws.temperature == 0, greedy_tokens, drawn_tokens(token_ids, weights, uniform))
 
 
-def _drawn_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
+def _drawn_on_gpu(logits: torch.Tensor, maxima: torch.Tensor, draws: RandomDraws,
+                  uniform: torch.Tensor) -> torch.Tensor:
     """The tokens that drawn_tokens draws from sampling_weights, in fewer launches: without filters,
-    kernels.weighted_draw draws from the probabilities (making their fixed-point weights as it reads them); from a
-    top-k step's candidates, one kernel filters and draws; over the whole vocabulary, nucleus_draw keeps and draws
-    after the threshold searches (tests/kernels/test_candidate_draw.py, test_nucleus_draw.py)."""
+    kernels.weighted_draw.tempered_draw reads the logits and their rows' largest (`maxima`) and makes the weights as
+    it reads them; from a top-k step's candidates, one kernel filters and draws; over the whole vocabulary,
+    nucleus_draw keeps and draws after the threshold searches (tests/kernels/test_candidate_draw.py,
+    test_nucleus_draw.py)."""
     from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
-    from kernels.weighted_draw import weighted_draw
+    from kernels.weighted_draw import tempered_draw
 
     if draws.filter_width is None:
-        return weighted_draw(unnormalised_probs(_scaled(logits, draws.temperature)), uniform)
+        return tempered_draw(logits, maxima, draws.temperature, uniform)
     if draws.filter_width == logits.shape[-1]:
         return _drawn_over_the_vocabulary_on_gpu(_scaled(logits, draws.temperature), draws, uniform)
-    values, token_ids = logits.topk(draws.filter_width, dim=-1, sorted=False)  # dividing keeps the order: scale
-    values = _scaled(values, draws.temperature)  # the candidates alone
+    values, token_ids = most_likely(logits, draws.filter_width)  # dividing keeps the order: scale the candidates
+    values = _scaled(values, draws.temperature)  # alone
     probs = (values - values.amax(dim=-1, keepdim=True)).exp_()
     return candidate_draw(values, token_ids, probs, draws.top_k, draws.top_p, draws.min_p, uniform)
 
@@ -209,7 +212,7 @@ def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.T
     if width == vocab_size:
         return torch.arange(vocab_size, device=logits.device).expand_as(logits), \
             _kept_in_token_order(logits, top_k, top_p, min_p)
-    values, token_ids = logits.topk(width, dim=-1, sorted=False)  # put in order below, ties by token id
+    values, token_ids = most_likely(logits, width)  # put in order below, ties by token id
     token_ids, by_id = token_ids.sort(dim=-1)
     values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
     token_ids = token_ids.gather(1, by_value)
