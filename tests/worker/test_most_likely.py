@@ -18,7 +18,8 @@ def _check(logits: torch.Tensor, width: int) -> None:
 @pytest.mark.parametrize("width", [64, 128])
 def test_the_largest_logits_of_each_row(device, width):
     logits = torch.randn(8, GROUP * 4 * width * 2, device=device) * 3
-    logits[0, 5 * GROUP: 5 * GROUP + width] += 100  # every one of them in a few groups
+    logits[0, :width] += 100  # every one of them in one contiguous run
+    logits[3].view(GROUP, -1)[:, :4] += 100  # or in four groups
     logits[1] = logits[1].mul(2).round()  # many ties, across groups and at the last value kept
     logits[2, 1::2] = float("-inf")
     _check(logits, width)

@@ -293,6 +293,27 @@ def test_penalties_and_bias_apply_per_row_in_a_mixed_batch(device):
     assert out[2, 7] == logits[2, 7] + 3.0 and torch.equal(out[2, :7], logits[2, :7])
 
 
+def test_sample_penalises_in_place_and_leaves_the_logits_as_they_were(device):
+    """Each row's history holds its argmax, which a repetition penalty of 1e4 puts out of reach: the greedy rows take
+    the argmax of the penalised logits, the sampled rows never draw it, and the logits are the raw ones again."""
+    logits = _logits(4, device)
+    top = logits.argmax(dim=-1).tolist()
+    logits[:, top] = logits[:, top].abs() + 1  # every row's argmax is positive, so the penalty divides it
+    top = logits.argmax(dim=-1).tolist()
+    requests = {"greedy": (SamplingParams(temperature=0.0, repetition_penalty=1e4), [top[0]], []),
+                "biased": (SamplingParams(temperature=0.0, repetition_penalty=1e4, logit_bias={3: 1.0}), [9],
+                           [top[1]]),
+                "plain": (SamplingParams(temperature=0.0), [top[2]], []),
+                "sampled": (SamplingParams(temperature=0.1, repetition_penalty=1e4, seed=1), [top[3], 5], [])}
+    tensors = _gather(_rows(requests, device), list(requests))
+    raw = logits.clone()
+    tokens = sample(logits, tensors)
+    assert torch.equal(logits, raw)
+    expected = process_logits(raw, tensors).argmax(dim=-1)
+    assert tokens[:3].tolist() == expected[:3].tolist() and tokens[2] == top[2]
+    assert tokens[0] != top[0] and tokens[1] != top[1] and tokens[3] != top[3]
+
+
 def test_allowed_token_ids_restrict_only_their_row(device):
     requests = {"free": (SamplingParams(temperature=0.0), [1], []),
                 "listed": (SamplingParams(temperature=0.0, allowed_token_ids=[3, 17, 40]), [1], []),

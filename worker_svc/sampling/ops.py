@@ -71,9 +71,19 @@ class SparseLogits:
 
 
 def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
-    # logits: [batch, vocab] float32, left as they are -> sampled token ids [batch]
-    logits = process_logits(logits, tensors)
-    draws = tensors.draws
+    """logits: [batch, vocab] float32, as they were once it returns -> sampled token ids [batch]. Penalties apply in
+    place and are undone at the end, where process_logits would copy the whole batch."""
+    penalties = tensors.penalties
+    if penalties is None:
+        return _sampled(_biased_and_masked(logits, tensors), tensors.draws)
+    raw = logits.gather(1, penalties.token_ids)
+    logits.scatter_(1, penalties.token_ids, _penalised(raw, penalties))
+    sampled = _sampled(_biased_and_masked(logits, tensors), tensors.draws)
+    logits.scatter_(1, penalties.token_ids, raw)
+    return sampled
+
+
+def _sampled(logits: torch.Tensor, draws: RandomDraws | None) -> torch.Tensor:
     if draws is None:
         return logits.argmax(dim=-1)
     maxima, greedy_tokens = logits.max(dim=-1)
@@ -179,6 +189,11 @@ def process_logits(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tens
     """The logits with every transform applied, a new tensor where one applies: the raw logits stay for logprobs."""
     if tensors.penalties is not None:
         logits = apply_penalties(logits, tensors.penalties)
+    return _biased_and_masked(logits, tensors)
+
+
+def _biased_and_masked(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    """The logits after logit bias and token masks, a new tensor where either applies."""
     if tensors.sparse is not None:
         added = logits.new_zeros(logits.shape[0], logits.shape[1] + 1)
         added.scatter_add_(1, tensors.sparse.token_ids, tensors.sparse.values)
@@ -192,12 +207,16 @@ def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
     """Repetition penalty over prompt and output tokens (divides positive logits, multiplies negative ones), then
     OpenAI's presence and frequency penalties over output tokens: on the rows' history entries only. A token listed
     twice gets the same value twice."""
-    token_ids, counts = penalties.token_ids, penalties.output_counts
-    seen = logits.gather(1, token_ids)
+    return logits.scatter(1, penalties.token_ids, _penalised(logits.gather(1, penalties.token_ids), penalties))
+
+
+def _penalised(seen: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """The logits `seen` of the rows' history entries, penalised."""
+    counts = penalties.output_counts
     repetition = penalties.repetition.unsqueeze(1)
     penalised = torch.where(seen > 0, seen / repetition, seen * repetition)
     penalised -= penalties.frequency.unsqueeze(1) * counts + penalties.presence.unsqueeze(1) * (counts > 0)
-    return logits.scatter(1, token_ids, penalised)
+    return penalised
 
 
 def kept_tokens(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
