@@ -6,7 +6,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.candidate_draw import _candidate_draw_kernel
-from kernels.logprob_stats import _chunk_stats_kernel
+from kernels.logprob_stats import _chunk_stats_kernel, _row_stats_kernel
 from kernels.seeded_uniform import _seeded_uniform_kernel
 from kernels.threshold_search import _threshold_search_kernel
 from kernels.weighted_draw import _chunk_sums_kernel, _draw_kernel
@@ -23,7 +23,9 @@ CANDIDATE_DRAW = {
 LOGPROB_STATS = {"logits_ptr": "*fp32", "token_ids_ptr": "*i64", "max_ptr": "*fp32", "sum_ptr": "*fp32",
                  "above_ptr": "*i32", "top_values_ptr": "*fp32", "top_ids_ptr": "*i64", "vocab": "i32",
                  "row_stride": "i32"}
-
+ROW_STATS = {"max_ptr": "*fp32", "sum_ptr": "*fp32", "above_ptr": "*i32", "top_values_ptr": "*fp32",
+             "top_ids_ptr": "*i64", "normaliser_ptr": "*fp32", "rank_ptr": "*i64", "values_out_ptr": "*fp32",
+             "ids_out_ptr": "*i64", "num_chunks": "i32", "vocab": "i32"}
 
 THRESHOLD_SEARCH = {"keys_ptr": "*i32", "weights_ptr": "*i64", "limit_ptr": "*i64", "key_out_ptr": "*i64",
                     "above_out_ptr": "*i64", "tied_out_ptr": "*i64", "count_out_ptr": "*i64", "n": "i32",
@@ -58,9 +60,10 @@ def main() -> None:
             print(f"candidate_draw top_p {top_p} min_p {min_p}: {len(ptx)} bytes of PTX, "
                   f"{'spills to local memory' if '.local' in ptx else 'no spills'}")
     for num_top in (0, 5, 20):
-        constexprs = {"NUM_TOP": num_top, "TOP_BLOCK": triton.next_power_of_2(max(num_top, 1)), "CHUNK": 2048}
-        ptx = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, constexprs, 8)
-        print(f"logprob_stats num_top {num_top}: {len(ptx)} bytes of PTX")
+        top = {"NUM_TOP": num_top, "TOP_BLOCK": triton.next_power_of_2(max(num_top, 1))}
+        chunks = compiled_ptx(_chunk_stats_kernel, LOGPROB_STATS, top | {"CHUNK": 4096}, 4)
+        rows = compiled_ptx(_row_stats_kernel, ROW_STATS, top | {"CHUNKS": 64}, 4)
+        print(f"logprob_stats num_top {num_top}: {len(chunks)} and {len(rows)} bytes of PTX")
     variants = [("weighted_draw of i64", "*i64", False, False), ("tempered_draw", "*fp32", False, False)]
     variants += [(f"nucleus_draw top_p {top_p} min_p {min_p}", "*i64", top_p, min_p)
                  for top_p, min_p in ((True, False), (True, True), (False, True))]
