@@ -34,7 +34,7 @@ def test_ties_give_the_tied_tokens_and_strided_rows_are_read_in_place(device):
 def test_top_tokens_crowded_into_few_columns(device):
     logits = torch.randn(3, VOCAB, device=device)
     logits[0, 40:60] = torch.arange(20, device=device) + 10.0  # all 20 top tokens in one run of columns
-    logits[1, 4096 + 7] = 50.0  # the largest in the second chunk, the next ones in the first chunk's last columns
+    logits[1, 4096 + 7] = 60.0  # the largest in the second chunk, the next ones in the first chunk's last columns
     logits[1, 4078:4096] = 40.0 + torch.arange(18, device=device)
     logits[2, ::97] = 30.0  # tied tops spread over every group
     token_ids = torch.zeros(3, dtype=torch.int64, device=device)
