@@ -10,8 +10,8 @@ where torch would write and read the row five times over. nucleus_draw also keep
 over the whole vocabulary keep once the threshold searches are done (worker_svc.sampling.ops._kept_in_token_order,
 in about a dozen full-vocabulary operations): top-p the keys above its threshold key and, of those equal to it, the
 first ones in token order that still fit under its mass limit; min-p the tokens at least min_p times as likely as
-the likeliest. Keys equal to the threshold key come
-from equal logits, so they weigh the same: a chunk's share of them is a count times that weight."""
+the likeliest. Keys equal to the threshold key come from equal logits, so they weigh the same: a chunk's share of them
+is a count times that weight."""
 import torch
 import triton
 import triton.language as tl
