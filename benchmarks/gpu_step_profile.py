@@ -4,7 +4,8 @@ Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights) an
 decode, or carrying prefill tokens), size, and the host time of its launch and of its finish (which waits for the
 device); then runs a second workload (other prompts, so no prefix-cache hits) under torch.profiler windows over mixed
 and decode steps and prints the top operators. JSON goes to the first argument; the sampling controls of
-`sluice bench` (`--temperature`, `--top-p`, `--logprobs`, ...) set the requests' (greedy by default).
+`sluice bench` (`--temperature`, `--top-p`, `--logprobs`, ...) set the requests' (greedy by default), and
+`--kv-cache-dtype fp8` runs the worker on an FP8 cache.
 """
 import argparse
 import json
@@ -69,9 +70,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="?", default="gpu_step_profile.json")
     parser.add_argument("--seed", type=int, default=0, help="of the sampled draws")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype) or fp8")
     add_sampling_options(parser)
     args = parser.parse_args()
-    worker = WorkerEngine.load(WorkerConfig(model=SHAPE, load_format="dummy", dtype="bfloat16", device="cuda"))
+    worker = WorkerEngine.load(WorkerConfig(model=SHAPE, load_format="dummy", dtype="bfloat16", device="cuda",
+                                            kv_cache_dtype=args.kv_cache_dtype))
     engine = OfflineEngine(worker, max_model_len=4096)
     vocab_size = worker.model_config.vocab_size
     engine.generate(*_workload(4, vocab_size, 2, args))  # warm-up

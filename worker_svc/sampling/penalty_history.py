@@ -44,8 +44,7 @@ class PenaltyHistory:
         last = self._token_ids.shape[1] - 1  # where rows without penalties write, unread
         self._token_ids[index, self._lengths[index].clamp(max=last)] = token_ids
         self._lengths.index_add_(0, index, torch.ones_like(index))
-        self._output_counts.index_put_((index, token_ids), torch.ones_like(token_ids, dtype=torch.int32),
-                                       accumulate=True)
+        self._count(index, token_ids)
 
     def flush(self) -> None:
         if not self._staged:
@@ -62,9 +61,13 @@ class PenaltyHistory:
         outputs = [(row, token_id) for row, (_, output_ids) in staged.items() for token_id in output_ids]
         if outputs:
             counted = upload(outputs, torch.int64, self.device)
-            self._output_counts.index_put_((counted[:, 0], counted[:, 1]),
-                                           torch.ones(len(outputs), dtype=torch.int32, device=self.device),
-                                           accumulate=True)
+            self._count(counted[:, 0], counted[:, 1])
+
+    def _count(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """One more output of each (row, token) pair, in one atomic add over the flat counts (an accumulating
+        index_put_ sorts its indices first: about 0.3 ms of host launch per step on an H200 host)."""
+        self._output_counts.view(-1).index_add_(0, rows * self.vocab_size + token_ids,
+                                                torch.ones_like(token_ids, dtype=torch.int32))
 
     def add_rows(self, num_rows: int) -> None:
         zeros = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
