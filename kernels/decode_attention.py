@@ -137,9 +137,10 @@ def _launch_config(device: torch.device, kv_fp8: bool) -> dict:
 def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one query token per sequence over its paged context; returns a new [num_seqs, num_heads, head_dim].
+    """Attention of one query token per sequence over its paged context, into `out` (None: a new tensor) of the
+    query's shape [num_seqs, num_heads, head_dim], whose last dimension is contiguous.
 
     query: [num_seqs, num_heads, head_dim]; seq_lens include the query token, whose K/V must already be cached.
     num_splits: context slices per sequence (flash-decoding); None picks one from the batch shape and the block
@@ -157,7 +158,8 @@ def paged_decode_attention(
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits {num_splits} not in [1, {MAX_SPLITS}]")
 
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
     part_out = part_lse = out  # unused placeholders when the single split writes `out` itself

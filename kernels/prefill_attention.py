@@ -105,9 +105,10 @@ def _launch_config(device: torch.device, head_dim: int, element_size: int) -> di
 def paged_prefill_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of query chunks over their paged context; returns a new [total_q_tokens, num_heads, head_dim].
+    """Causal attention of query chunks over their paged context, into `out` (None: a new tensor) of the query's
+    shape [total_q_tokens, num_heads, head_dim], whose last dimension is contiguous.
 
     query: [total_q_tokens, num_heads, head_dim], sequence i's chunk is rows query_start_loc[i]:query_start_loc[i+1]
     and holds the last q_len tokens of its context of seq_lens[i] tokens, whose K/V (the chunk's too) are cached.
@@ -123,7 +124,8 @@ def paged_prefill_attention(
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
 
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if total_q == 0 or num_seqs == 0:
         return out
     config = _launch_config(query.device, head_dim, query.element_size())

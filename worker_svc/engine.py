@@ -23,6 +23,7 @@ from worker_svc.runner.draft_proposer import DraftProposer
 from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
 from worker_svc.runner.memory_profile import profile_kv_cache_bytes
 from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
+from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
 from worker_svc.runner.rank_samplers import DriverSampler, FollowerSampler
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.step import StepSampler
@@ -94,7 +95,7 @@ class WorkerEngine:
 
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
                    max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
-        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the decode graphs. With
+        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the CUDA graphs. With
         a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own."""
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = _cos_sin_cache(self.model_config, max_model_len, self.device)
@@ -113,13 +114,19 @@ class WorkerEngine:
                                                                         self.config.torch_dtype, self.device),
                                     _cos_sin_cache(self.draft_config, max_model_len, self.device), block_size,
                                     self.device)
-        graphs = None
-        if self.device.type == "cuda" and not self.config.enforce_eager:
+        graphs = piecewise_graphs = None
+        if self.uses_graphs:
+            piecewise_graphs = PiecewiseGraphs(self.model, kv_caches, cos_sin_cache, max_num_batched_tokens,
+                                               self.device)
             graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
                                   self.device)
         self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device, graphs,
-                                  self._sampler(), drafter)
+                                  self._sampler(), drafter, piecewise_graphs)
         return num_blocks
+
+    @property
+    def uses_graphs(self) -> bool:
+        return self.device.type == "cuda" and not self.config.enforce_eager
 
     @property
     def max_model_len(self) -> int:

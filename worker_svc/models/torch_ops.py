@@ -61,8 +61,9 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
-    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None,
-                  v_scale=None) -> torch.Tensor:
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
+                  out=None) -> torch.Tensor:
+        """Causal attention of the step's queries over their paged context, into `out` when given."""
         # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
         num_heads, head_dim = q.shape[1:]
         block_size = key_cache.shape[1]
@@ -78,9 +79,10 @@ class TorchOps:
         first_query_pos = (meta.seq_lens - query_lens).long()
         query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len)[None]  # [num_seqs, max_query_len]
         mask = torch.arange(meta.max_seq_len)[None, None] <= query_pos[:, :, None]
-        out = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=mask[:, None], scale=scale, enable_gqa=True)
-        return out.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
+        attended = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  attn_mask=mask[:, None], scale=scale, enable_gqa=True)
+        attended = attended.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
+        return attended if out is None else out.copy_(attended)
 
 
 def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None) -> None:

@@ -51,10 +51,10 @@ class TritonOps(TorchOps):
         return kernels.silu_and_mul(x)
 
     @staticmethod
-    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None,
-                  v_scale=None) -> torch.Tensor:
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
+                  out=None) -> torch.Tensor:
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
-                                                  k_scale=k_scale, v_scale=v_scale)
+                                                  k_scale=k_scale, v_scale=v_scale, out=out)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
-                                               meta.seq_lens, scale, k_scale, v_scale)
+                                               meta.seq_lens, scale, k_scale, v_scale, out)

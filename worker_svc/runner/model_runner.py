@@ -11,6 +11,7 @@ from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.draft_proposer import DraftProposer
 from worker_svc.runner.kv_cache import copy_blocks
 from worker_svc.runner.logits_rows import LogitsRows, logits_rows
+from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
 from worker_svc.sampling.speculative import Drafts
 from worker_svc.sampling.step import DeviceSample, StepSampler
@@ -48,13 +49,16 @@ class ModelRunner:
 
     launch() queues a step's work without waiting for the device, so the host prepares step N + 1 while step N runs;
     finish() collects a launched step's outcome. Steps finish in launch order. With a draft model (`drafter`), its
-    proposals are made at the start of each step and verified in the same pass as ngram's.
+    proposals are made at the start of each step and verified in the same pass as ngram's. Decode-only steps replay
+    decode_graphs; the others (prefill chunks, proposals to verify) replay piecewise_graphs around eager attention.
     """
 
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
-                 decode_graphs: DecodeGraphs | None, sampler: StepSampler, drafter: DraftProposer | None = None):
+                 decode_graphs: DecodeGraphs | None, sampler: StepSampler, drafter: DraftProposer | None = None,
+                 piecewise_graphs: PiecewiseGraphs | None = None):
         self.model = model
         self.decode_graphs = decode_graphs
+        self.piecewise_graphs = piecewise_graphs
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
         self.device = device
@@ -95,8 +99,7 @@ class ModelRunner:
             self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
         num_samples = rows.num_sample_rows
         if rows.prompt_groups:
-            x, residual = self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache,
-                                                   self.kv_caches, inputs.meta, inputs.logits_indices)
+            x, residual = self._hidden_states(inputs, at_every_token=False)
             logits = self.model.logits(x[:num_samples], residual[:num_samples])
             prompt_logprobs = self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows)
         else:
@@ -171,5 +174,15 @@ class ModelRunner:
         if graphs is not None and meta.is_pure_decode and graphs.fits(meta.num_seqs):
             logits = graphs.run(inputs.token_inputs, meta.seq_lens, meta.block_tables)
             return logits if one_logit_per_token else logits[inputs.logits_indices]
-        return self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, meta,
-                          None if one_logit_per_token else inputs.logits_indices)
+        return self.model.logits(*self._hidden_states(inputs, one_logit_per_token))
+
+    def _hidden_states(self, inputs: StepInputs, at_every_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output and residual at the step's logits_indices (at_every_token: they name every
+        token)."""
+        indices = None if at_every_token else inputs.logits_indices
+        graphs = self.piecewise_graphs
+        if graphs is None or not graphs.fits(inputs.input_ids.shape[0]):
+            return self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches,
+                                            inputs.meta, indices)
+        x, residual = graphs.run(inputs.token_inputs, inputs.meta)
+        return (x, residual) if indices is None else (x[indices], residual[indices])
