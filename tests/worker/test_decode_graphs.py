@@ -1,5 +1,6 @@
-"""CUDA-graph decode against eager decode on one GPU: the same random weights, greedy, float32. The batch shrinks as
-requests finish, so the graphs replay at every ladder size up to 8, with padding rows and without."""
+"""CUDA graphs against the eager pass on one GPU: the same random weights, greedy, float32. The batch shrinks as
+requests finish, so the decode graphs replay at every ladder size up to 8, with padding rows and without; a small
+token budget splits prompts into chunks that share piecewise-graph steps with the other requests' decodes."""
 import pytest
 import torch
 
@@ -11,10 +12,10 @@ from worker_svc.engine import WorkerEngine
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
-def _greedy_tokens(enforce_eager: bool) -> list[list[int]]:
+def _greedy_tokens(enforce_eager: bool, **scheduler_options) -> list[list[int]]:
     worker = WorkerEngine.load(WorkerConfig(model="Qwen3-0.6B", load_format="dummy", dtype="float32", device="cuda",
                                             enforce_eager=enforce_eager, gpu_memory_utilization=0.3))
-    engine = OfflineEngine(worker, max_model_len=1024, max_num_seqs=16)
+    engine = OfflineEngine(worker, max_model_len=1024, max_num_seqs=16, **scheduler_options)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 150_000, (int(length),), generator=generator).tolist()
                for length in torch.randint(5, 300, (7,), generator=generator)]
@@ -29,3 +30,8 @@ def test_graph_decode_matches_eager_decode():
     graphs, eager = _greedy_tokens(enforce_eager=False), _greedy_tokens(enforce_eager=True)
     assert [len(t) for t in graphs] == [4 + 5 * i for i in range(7)]
     assert graphs == eager
+
+
+def test_chunked_prefill_beside_decodes_matches_eager():
+    graphs = _greedy_tokens(enforce_eager=False, max_num_batched_tokens=96)
+    assert graphs == _greedy_tokens(enforce_eager=True, max_num_batched_tokens=96)

@@ -4,8 +4,6 @@ write no KV."""
 import pytest
 import torch
 
-from sluice.cli.offline import OfflineEngine
-from sluice.core.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 from worker_svc.models.attention_metadata import AttentionMetadata
@@ -77,25 +75,3 @@ def test_piecewise_pass_matches_eager_pass(dtype, tolerance):
             assert _relative_error(graph_keys, eager_keys) < tolerance
             assert _relative_error(graph_values, eager_values) < tolerance
             assert torch.equal(graph_keys.float() == 0, eager_keys.float() == 0)  # no slot written by padding
-
-
-def _greedy_tokens(enforce_eager: bool) -> list[list[int]]:
-    worker = WorkerEngine.load(WorkerConfig(model="Qwen3-0.6B", load_format="dummy", dtype="float32", device="cuda",
-                                            enforce_eager=enforce_eager, gpu_memory_utilization=0.3))
-    engine = OfflineEngine(worker, max_model_len=1024, max_num_seqs=16, max_num_batched_tokens=96)
-    generator = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 150_000, (int(length),), generator=generator).tolist()
-               for length in torch.randint(5, 300, (9,), generator=generator)]
-    params = [SamplingParams(max_tokens=3 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
-    tokens = [result.token_ids for result in engine.generate(prompts, params)]
-    del engine, worker
-    torch.cuda.empty_cache()
-    return tokens
-
-
-@pytest.mark.gpu
-def test_chunked_prefill_beside_decodes_matches_eager():
-    """A token budget of 96 splits the prompts into chunks that share steps with the other requests' decodes."""
-    graphs, eager = _greedy_tokens(enforce_eager=False), _greedy_tokens(enforce_eager=True)
-    assert [len(t) for t in graphs] == [3 + 4 * i for i in range(9)]
-    assert graphs == eager
