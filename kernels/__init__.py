@@ -3,10 +3,12 @@ The sampling kernels (seeded_uniform, candidate_draw, weighted_draw, threshold_s
 their modules' names) compute exactly what the worker's torch sampling path computes on the CPU, which their tests
 hold them to.
 
-In place: reshape_and_cache, rotary_embedding, and prepare_qkv's cache write. Everything else returns new tensors.
+In place: reshape_and_cache, rotary_embedding, decode_step_inputs, and prepare_qkv's cache write. Everything
+else returns new tensors.
 """
 from kernels.activation import silu_and_mul, silu_and_mul_ref
 from kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from kernels.decode_inputs import decode_step_inputs, decode_step_inputs_ref
 from kernels.fused_linear import fused_linear, fused_linear_ref
 from kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
@@ -15,6 +17,8 @@ from kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_nor
 from kernels.rotary_embedding import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
+    "decode_step_inputs",
+    "decode_step_inputs_ref",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",
     "fused_linear",

@@ -61,6 +61,17 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
+    def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,
+                           block_size: int) -> None:
+        """In place: one token per row at its next position (a padding row: position 0, slot -1, one token of
+        context), then the live rows' next positions advance by one (kernels.decode_step_inputs)."""
+        positions.copy_(torch.where(live, next_positions, 0))
+        blocks = block_tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1).long()
+        slot_mapping.copy_(torch.where(live, blocks * block_size + positions % block_size, -1))
+        seq_lens.copy_(positions + 1)
+        next_positions.add_(live)
+
+    @staticmethod
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None) -> torch.Tensor:
         """Causal attention of the step's queries over their paged context, into `out` when given."""

@@ -51,6 +51,11 @@ class TritonOps(TorchOps):
         return kernels.silu_and_mul(x)
 
     @staticmethod
+    def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,
+                           block_size: int) -> None:
+        kernels.decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens, block_size)
+
+    @staticmethod
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None) -> torch.Tensor:
         if meta.is_pure_decode:

@@ -55,7 +55,8 @@ class BatchState:
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
             state.num_blocks = cached.num_blocks - len(cached.new_block_ids)  # drops a tail of rejected proposals
-            self._append_blocks(state, cached.new_block_ids)
+            if cached.new_block_ids:
+                self._append_blocks(state, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
             state.num_draft_computed = min(state.num_draft_computed, cached.num_computed_tokens)  # rejected drafts'
 

@@ -1,7 +1,11 @@
 """CUDA graphs of the decode forward pass, captured once per batch size of a ladder.
 
 A decode-only step of n requests replays the smallest captured graph of at least n rows; the extra rows are padding
-(slot -1, so nothing is written to the KV cache; their logits are ignored). All inputs live in static buffers.
+(not live: slot -1, so nothing is written to the KV cache; their logits are ignored). All inputs live in static
+buffers, and each graph computes its step's positions, KV slots and context lengths itself from where each row's
+next token sits (`next_positions`), which it then advances. So the buffers carry one step into the next: once the
+step's sampled tokens are written into `input_ids` (`feed`), a step of the same requests in the same rows needs no
+inputs from the host but the blocks they were given since (`set_blocks`).
 """
 import torch
 
@@ -19,17 +23,22 @@ class DecodeGraphs:
         self.model = model
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
+        self.ops = model.layers[0].self_attn.ops
+        self.block_size = kv_caches[0][0].shape[1]
         self.sizes = batch_size_ladder(max_batch_size)
         n = max_batch_size
-        self.token_inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # input ids, positions, KV slots
-        self.input_ids, self.positions, self.slot_mapping = self.token_inputs
-        self.slot_mapping.fill_(-1)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.token_inputs = torch.zeros(2, n, dtype=torch.int64, device=device)  # input ids, next positions
+        self.input_ids, self.next_positions = self.token_inputs
+        self.live = torch.zeros(n, dtype=torch.bool, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)  # these three: computed by each replay
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self._num_live = 0
         self._capture_all()
 
     def _metadata(self, batch_size: int) -> AttentionMetadata:
@@ -37,9 +46,12 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[:batch_size], query_start_loc=self.query_start_loc[:batch_size + 1],
             seq_lens=self.seq_lens[:batch_size], block_tables=self.block_tables[:batch_size],
             token_seq_index=self.rows[:batch_size], token_query_pos=torch.zeros_like(self.rows[:batch_size]),
-            max_query_len=1, max_seq_len=self.block_tables.shape[1] * self.kv_caches[0][0].shape[1])
+            max_query_len=1, max_seq_len=self.block_tables.shape[1] * self.block_size)
 
     def _forward(self, batch_size: int) -> torch.Tensor:
+        self.ops.decode_step_inputs(self.next_positions[:batch_size], self.live[:batch_size],
+                                    self.block_tables[:batch_size], self.positions[:batch_size],
+                                    self.slot_mapping[:batch_size], self.seq_lens[:batch_size], self.block_size)
         return self.model(self.input_ids[:batch_size], self.positions[:batch_size], self.cos_sin_cache,
                           self.kv_caches, self._metadata(batch_size), None)
 
@@ -47,7 +59,7 @@ class DecodeGraphs:
     def _capture_all(self) -> None:
         pool = None
         for batch_size in reversed(self.sizes):  # the largest first, so smaller graphs reuse its memory pool
-            self._forward(batch_size)  # warm-up: compiles the kernels outside the capture
+            self._forward(batch_size)  # warm-up: compiles the kernels outside the capture (no row is live)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -58,15 +70,29 @@ class DecodeGraphs:
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
-    def run(self, token_inputs, seq_lens, block_tables) -> torch.Tensor:
-        """token_inputs: [3, n] int64 input ids, positions and KV slots."""
+    def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """A step of n requests in rows 0..n-1. token_inputs: [2, n] int64 input ids and positions; block_tables:
+        [n, width] int32 (entries past a request's blocks are never read)."""
         n = token_inputs.shape[1]
-        batch_size = next(size for size in self.sizes if size >= n)
         self.token_inputs[:, :n].copy_(token_inputs)
-        self.seq_lens[:n].copy_(seq_lens)
         self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
-        if batch_size > n:
-            self.slot_mapping[n:batch_size].fill_(-1)
-            self.seq_lens[n:batch_size].fill_(1)
+        if n != self._num_live:
+            self.live[:n].fill_(True)
+            self.live[n:].fill_(False)
+            self._num_live = n
+        return self.replay()
+
+    def replay(self) -> torch.Tensor:
+        """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits."""
+        n = self._num_live
+        batch_size = next(size for size in self.sizes if size >= n)
         self.graphs[batch_size].replay()
         return self.logits[batch_size][:n]
+
+    def set_blocks(self, rows: torch.Tensor, columns: torch.Tensor, block_ids: torch.Tensor) -> None:
+        """Block table entries of live rows (int64 rows and columns, int32 block ids, on the device)."""
+        self.block_tables.index_put_((rows, columns), block_ids)
+
+    def feed(self, token_ids: torch.Tensor) -> None:
+        """The live rows' sampled tokens become their next inputs."""
+        self.input_ids[: token_ids.shape[0]].copy_(token_ids)

@@ -6,7 +6,9 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
+from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.runner.batch_state import BatchState, RequestState
+from worker_svc.runner.decode_continuation import DecodeContinuation
 from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.draft_proposer import DraftProposer
 from worker_svc.runner.kv_cache import copy_blocks
@@ -51,6 +53,7 @@ class ModelRunner:
     finish() collects a launched step's outcome. Steps finish in launch order. With a draft model (`drafter`), its
     proposals are made at the start of each step and verified in the same pass as ngram's. Decode-only steps replay
     decode_graphs; the others (prefill chunks, proposals to verify) replay piecewise_graphs around eager attention.
+    A decode step of the requests of the decode step before it builds no inputs on the host (decode_continuation).
     """
 
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
@@ -67,7 +70,9 @@ class ModelRunner:
         self.sampler = sampler
         self.drafter = drafter
         self._previous: SampledTokens | None = None
+        self._continuation: DecodeContinuation | None = None  # the last step, when the next may continue it
         self._unfinished: deque[LaunchedStep] = deque()  # launched and not finished, oldest first
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> LaunchedStep:
@@ -83,30 +88,21 @@ class ModelRunner:
             return LaunchedStep(plan.step_id, outcome=StepOutcome(plan.step_id, {}))
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
-        query_lens = list(plan.num_scheduled_tokens.values())
-        drafts = None
-        if self.drafter is not None:
-            drafts = self.drafter.propose(self.batch, request_ids, states, query_lens, plan.num_draft_tokens,
-                                          self.sampler.rows, self._previous)
-        # a draft model's proposals are on the device: zeros hold their places until _place_drafts fills them
-        proposals = plan.spec_token_ids or {request_id: [0] * count for request_id, count in
-                                            plan.num_draft_tokens.items()}
-        rows = logits_rows(request_ids, states, query_lens, plan.num_proposed)
-        inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
-                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous,
-                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
-        if drafts is not None:
-            self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
-        num_samples = rows.num_sample_rows
-        if rows.prompt_groups:
-            x, residual = self._hidden_states(inputs, at_every_token=False)
-            logits = self.model.logits(x[:num_samples], residual[:num_samples])
-            prompt_logprobs = self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows)
+        continuation = self._continuation
+        if continuation is not None and continuation.continued_by(plan, request_ids, states):
+            continuation.set_new_blocks(plan, self.decode_graphs)
+            rows, sampling_rows, drafts, prompt_logprobs = continuation.rows, continuation.sampling_rows, None, None
+            logits, decode_graph = self.decode_graphs.replay(), True
         else:
-            logits = self._forward(inputs, rows.token_indices == list(range(inputs.input_ids.shape[0])))
-            prompt_logprobs = None
-        sample = self.sampler.sample(logits, rows.sample_request_ids, inputs.sampling_rows, plan.spec_token_ids,
-                                     drafts)
+            rows, inputs, drafts = self._inputs(plan, request_ids, states)
+            logits, prompt_logprobs = self._logits(inputs, rows)
+            sampling_rows = inputs.sampling_rows
+            decode_graph = not rows.prompt_groups and self._fits_decode_graph(inputs.meta)
+        sample = self.sampler.sample(logits, rows.sample_request_ids, sampling_rows, plan.spec_token_ids, drafts)
+        self._continuation = None
+        if decode_graph and not plan.num_proposed and self.drafter is None:
+            self.decode_graphs.feed(sample.token_ids)
+            self._continuation = DecodeContinuation(plan.step_id, request_ids, rows, sampling_rows)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
@@ -122,7 +118,7 @@ class ModelRunner:
             if prompt_logprobs is not None:
                 step.prompt_logprobs = prompt_logprobs.on_host()
             step.copied = torch.cuda.Event()
-            step.copied.record()
+            step.copied.record(self._stream)
         else:
             step.host_token_ids = results
         self._unfinished.append(step)
@@ -148,6 +144,34 @@ class ModelRunner:
                                          result.grammar_errors, accepted)
         return step.outcome
 
+    def _inputs(self, plan: StepPlan, request_ids: list[str],
+                states: list[RequestState]) -> tuple[LogitsRows, StepInputs, Drafts | None]:
+        """The step's logits rows and model inputs, built on the host; with a draft model, its proposals."""
+        query_lens = list(plan.num_scheduled_tokens.values())
+        drafts = None
+        if self.drafter is not None:
+            drafts = self.drafter.propose(self.batch, request_ids, states, query_lens, plan.num_draft_tokens,
+                                          self.sampler.rows, self._previous)
+        # a draft model's proposals are on the device: zeros hold their places until _place_drafts fills them
+        proposals = plan.spec_token_ids or {request_id: [0] * count for request_id, count in
+                                            plan.num_draft_tokens.items()}
+        rows = logits_rows(request_ids, states, query_lens, plan.num_proposed)
+        inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
+                                   self.sampler.rows.indices(rows.sample_request_ids), self._previous,
+                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
+        if drafts is not None:
+            self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
+        return rows, inputs, drafts
+
+    def _logits(self, inputs: StepInputs, rows: LogitsRows) -> tuple[torch.Tensor, LogprobTensors | None]:
+        """The sampling rows' logits and, where asked, the prompt rows' logprobs."""
+        if not rows.prompt_groups:
+            return self._forward(inputs, rows.token_indices == list(range(inputs.input_ids.shape[0]))), None
+        x, residual = self._hidden_states(inputs, at_every_token=False)
+        num_samples = rows.num_sample_rows
+        return (self.model.logits(x[:num_samples], residual[:num_samples]),
+                self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows))
+
     def _place_drafts(self, input_ids: torch.Tensor, drafts: Drafts, request_ids: list[str],
                       query_lens: list[int]) -> None:
         """Writes the draft model's proposals into the step's input ids, after each drafting request's newest token
@@ -169,10 +193,12 @@ class ModelRunner:
                  for start in range(0, len(rows.prompt_targets), PROMPT_LOGPROB_ROWS)]
         return None if parts[0] is None else joined(parts, rows.prompt_groups)
 
+    def _fits_decode_graph(self, meta: AttentionMetadata) -> bool:
+        return self.decode_graphs is not None and meta.is_pure_decode and self.decode_graphs.fits(meta.num_seqs)
+
     def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
-        graphs, meta = self.decode_graphs, inputs.meta
-        if graphs is not None and meta.is_pure_decode and graphs.fits(meta.num_seqs):
-            logits = graphs.run(inputs.token_inputs, meta.seq_lens, meta.block_tables)
+        if self._fits_decode_graph(inputs.meta):
+            logits = self.decode_graphs.run(inputs.token_inputs[:2], inputs.meta.block_tables)
             return logits if one_logit_per_token else logits[inputs.logits_indices]
         return self.model.logits(*self._hidden_states(inputs, one_logit_per_token))
 

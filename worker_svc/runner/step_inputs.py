@@ -47,6 +47,7 @@ class StepInputBuilder:
         self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._uploaded: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
+        self._stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
 
     def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
               sampling_rows: list[int], previous: SampledTokens | None, proposals: list[list[int]] | None = None,
@@ -95,7 +96,7 @@ class StepInputBuilder:
         ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel()])
         if self.device.type == "cuda":
             self._uploaded[self._turn] = torch.cuda.Event()
-            self._uploaded[self._turn].record()
+            self._uploaded[self._turn].record(self._stream)
         token_inputs_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
         token_inputs_t = token_inputs_t.view(3, num_tokens)
         if unresolved.size:
