@@ -2,8 +2,8 @@
 
 Runs `--batch` requests of a short prompt and `--output-len` greedy tokens each through the real Scheduler and
 WorkerEngine (dummy bf16 weights of `--model`), times the host side of every pure-decode step's launch and finish,
-and profiles the worker's calls with cProfile over the last `--profiled-steps` of them. JSON goes to the first
-argument; the top functions by own time are printed.
+and profiles the worker's calls with cProfile over the last `--profiled-steps` of them; `--kernels` lists the
+decode graph's kernels. JSON goes to the first argument; the top functions by own time are printed.
 """
 import argparse
 import cProfile
@@ -14,6 +14,7 @@ import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--profiled-steps", type=int, default=300)
+    parser.add_argument("--kernels", action="store_true", help="print the decode graph's kernels under torch.profiler")
     args = parser.parse_args()
     worker = WorkerEngine.load(WorkerConfig(model=args.model, load_format="dummy", dtype="bfloat16", device="cuda"))
     engine = OfflineEngine(worker, max_model_len=4096)
@@ -76,6 +78,10 @@ def main() -> None:
                "median_launch_ms": statistics.median(timed.launch_ms),
                "median_finish_ms": statistics.median(timed.finish_ms)}
     summary["graph_replay_ms"] = _graph_replay_ms(worker, args.batch)
+    if args.kernels:
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            _graph_replay_ms(worker, args.batch, replays=20)
+        print(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
     timed.profiling = True
     engine.generate(prompts, [SamplingParams(max_tokens=args.profiled_steps, temperature=0.0, ignore_eos=True)]
                     * args.batch)

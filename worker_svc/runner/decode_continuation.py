@@ -1,9 +1,9 @@
-"""Decode steps that continue the one before: the same requests, in the same decode-graph rows.
+"""Decode steps that continue the one before: some or all of its requests, one token each.
 
 Once a decode step has replayed a graph and fed it its samples, the graph's buffers hold each of its requests'
-next input token, position and block table. A step that schedules exactly those requests again, one token each and
-no proposals, takes from the host only the blocks they were given since, and reuses the step's logits and sampling
-rows: it is a graph replay, the sampling and one small copy back.
+next input token, position and block table. A decode step of requests that all sampled in that step, with no
+proposals, takes from the host only their graph rows (when some left or the order changed) and the blocks they were
+given since: it is a graph replay, the sampling and one small copy back.
 """
 from dataclasses import dataclass
 
@@ -22,27 +22,42 @@ class DecodeContinuation:
 
     step_id: int
     request_ids: list[str]  # in graph-row order
-    rows: LogitsRows
     sampling_rows: torch.Tensor  # [len(request_ids)] int64 on the device: the requests' SamplingRows indices
 
-    def continued_by(self, plan: StepPlan, request_ids: list[str], states: list[RequestState]) -> bool:
-        """Whether the plan's step is the next decode step of the same requests, each from the token this step
-        sampled."""
-        return (request_ids == self.request_ids and not plan.spec_token_ids and not plan.num_draft_tokens
-                and len(request_ids) == sum(plan.num_scheduled_tokens.values())
+    def continued_by(self, plan: StepPlan, states: list[RequestState]) -> bool:
+        """Whether the plan's step decodes, from the token each sampled in this step, only requests of this step."""
+        return (not plan.spec_token_ids and not plan.num_draft_tokens
+                and len(states) == sum(plan.num_scheduled_tokens.values())
                 and all(s.sampled_step == self.step_id and s.num_computed_tokens == s.num_tokens - 1 for s in states))
 
-    def set_new_blocks(self, plan: StepPlan, graphs: DecodeGraphs) -> None:
-        """Writes the blocks the plan gives the requests into their graph rows' tables."""
-        grown = [cached for cached in plan.cached_requests if cached.new_block_ids]
-        if not grown:
-            return
+    def prepare(self, plan: StepPlan, request_ids: list[str], graphs: DecodeGraphs) -> tuple[LogitsRows, torch.Tensor]:
+        """Puts the plan's requests in the graph's first rows, in the plan's order, with their new blocks; returns the
+        step's logits rows and sampling rows."""
         row_of = {request_id: row for row, request_id in enumerate(self.request_ids)}
-        rows, columns, block_ids = [], [], []
-        for cached in grown:
-            first = cached.num_blocks - len(cached.new_block_ids)
-            rows += [row_of[cached.request_id]] * len(cached.new_block_ids)
-            columns += range(first, cached.num_blocks)
-            block_ids += cached.new_block_ids
-        entries = upload(rows + columns + block_ids, torch.int32, graphs.block_tables.device)
-        graphs.set_blocks(*entries.split(len(rows)))
+        rows = [row_of[request_id] for request_id in request_ids]
+        n = len(rows)
+        sampling_rows = self.sampling_rows[:n]
+        if rows == list(range(n)):
+            graphs.keep_first(n)
+        else:
+            index = upload(rows, torch.int64, self.sampling_rows.device)
+            graphs.move_rows(index)
+            sampling_rows = self.sampling_rows[index]
+        _set_new_blocks(plan, request_ids, graphs)
+        return LogitsRows(request_ids, n, list(range(n))), sampling_rows
+
+
+def _set_new_blocks(plan: StepPlan, request_ids: list[str], graphs: DecodeGraphs) -> None:
+    """Writes the blocks the plan gives the requests into their graph rows' tables."""
+    grown = [cached for cached in plan.cached_requests if cached.new_block_ids]
+    if not grown:
+        return
+    row_of = {request_id: row for row, request_id in enumerate(request_ids)}
+    rows, columns, block_ids = [], [], []
+    for cached in grown:
+        first = cached.num_blocks - len(cached.new_block_ids)
+        rows += [row_of[cached.request_id]] * len(cached.new_block_ids)
+        columns += range(first, cached.num_blocks)
+        block_ids += cached.new_block_ids
+    entries = upload(rows + columns + block_ids, torch.int32, graphs.block_tables.device)
+    graphs.set_blocks(*entries.split(len(rows)))

@@ -4,8 +4,8 @@ A decode-only step of n requests replays the smallest captured graph of at least
 (not live: slot -1, so nothing is written to the KV cache; their logits are ignored). All inputs live in static
 buffers, and each graph computes its step's positions, KV slots and context lengths itself from where each row's
 next token sits (`next_positions`), which it then advances. So the buffers carry one step into the next: once the
-step's sampled tokens are written into `input_ids` (`feed`), a step of the same requests in the same rows needs no
-inputs from the host but the blocks they were given since (`set_blocks`).
+step's sampled tokens are written into `input_ids` (`feed`), a step of some of those requests needs no inputs from
+the host but their rows (`keep_first`, `move_rows`) and the blocks they were given since (`set_blocks`).
 """
 import torch
 
@@ -76,11 +76,23 @@ class DecodeGraphs:
         n = token_inputs.shape[1]
         self.token_inputs[:, :n].copy_(token_inputs)
         self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        self.keep_first(n)
+        return self.replay()
+
+    def keep_first(self, n: int) -> None:
+        """Rows 0..n-1 are the live ones."""
         if n != self._num_live:
             self.live[:n].fill_(True)
             self.live[n:].fill_(False)
             self._num_live = n
-        return self.replay()
+
+    def move_rows(self, rows: torch.Tensor) -> None:
+        """The live rows `rows` (int64, on the device) move to rows 0..len(rows)-1, in that order; the others stop
+        being live."""
+        n = rows.shape[0]
+        self.token_inputs[:, :n] = self.token_inputs[:, rows]
+        self.block_tables[:n] = self.block_tables[rows]
+        self.keep_first(n)
 
     def replay(self) -> torch.Tensor:
         """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits."""

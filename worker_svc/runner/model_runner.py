@@ -53,7 +53,7 @@ class ModelRunner:
     finish() collects a launched step's outcome. Steps finish in launch order. With a draft model (`drafter`), its
     proposals are made at the start of each step and verified in the same pass as ngram's. Decode-only steps replay
     decode_graphs; the others (prefill chunks, proposals to verify) replay piecewise_graphs around eager attention.
-    A decode step of the requests of the decode step before it builds no inputs on the host (decode_continuation).
+    A decode step of requests of the decode step before it builds no inputs on the host (decode_continuation).
     """
 
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
@@ -89,10 +89,9 @@ class ModelRunner:
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         continuation = self._continuation
-        if continuation is not None and continuation.continued_by(plan, request_ids, states):
-            continuation.set_new_blocks(plan, self.decode_graphs)
-            rows, sampling_rows, drafts, prompt_logprobs = continuation.rows, continuation.sampling_rows, None, None
-            logits, decode_graph = self.decode_graphs.replay(), True
+        if continuation is not None and continuation.continued_by(plan, states):
+            rows, sampling_rows = continuation.prepare(plan, request_ids, self.decode_graphs)
+            logits, drafts, prompt_logprobs, decode_graph = self.decode_graphs.replay(), None, None, True
         else:
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
@@ -102,7 +101,7 @@ class ModelRunner:
         self._continuation = None
         if decode_graph and not plan.num_proposed and self.drafter is None:
             self.decode_graphs.feed(sample.token_ids)
-            self._continuation = DecodeContinuation(plan.step_id, request_ids, rows, sampling_rows)
+            self._continuation = DecodeContinuation(plan.step_id, request_ids, sampling_rows)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
