@@ -23,7 +23,7 @@ PROGRAMS_PER_SM = 2
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every eager step: compile once
 def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -32,7 +32,7 @@ def _paged_decode_attention_kernel(
     stride_os, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, MERGE_LAST: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (seq, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
 
@@ -41,9 +41,7 @@ def _paged_decode_attention_kernel(
     once, and each K/V tile, gathered through the block table, is read once for the whole group (attend_kv_range:
     online softmax in base 2, unmasked over whole tiles, masked over the slice's last partial tile).
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
-    log-sum-exp m + log2(l) (-inf for an empty slice), and the splits are merged by `_decode_reduce_kernel` or, with
-    MERGE_LAST, by the last split of the group to finish: each split counts itself in the group's counter once its
-    stores are done, and the one that counts last merges (_merge_splits) and sets the counter back to 0.
+    log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -90,38 +88,6 @@ def _paged_decode_attention_kernel(
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
         lse = tl.where(nonempty, m + tl.log2(l), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=g < GROUP)
-        if MERGE_LAST:
-            tl.debug_barrier()  # every thread's stores precede the count
-            counter = counters_ptr + seq * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                tl.atomic_xchg(counter, 0, sem="relaxed")
-                first = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS
-                _merge_splits(part_out_ptr, part_lse_ptr, out_ptr + seq * stride_os + heads[:, None] * stride_oh
-                              + d[None, :], first, q_mask, HEAD_DIM, NUM_SPLITS, BLOCK_G, BLOCK_D)
-
-
-@triton.jit
-def _merge_splits(part_out_ptr, part_lse_ptr, o_ptrs, first, q_mask, HEAD_DIM: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The group's rows of out from its splits' results, weighed online by 2^lse (empty splits weigh 0). Loads
-    bypass L1 (.cg): other programs wrote the results during this launch."""
-    d = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    row_mask = tl.max(q_mask.to(tl.int32), 1) > 0
-    for split in range(NUM_SPLITS):
-        lse = tl.load(part_lse_ptr + first + split, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(part_out_ptr + (first + split)[:, None] * HEAD_DIM + d[None, :], mask=q_mask, other=0.0,
-                    cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
-        base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha, w = tl.exp2(m - base), tl.exp2(lse - base)
-        acc = acc * alpha[:, None] + o * w[:, None]
-        total = total * alpha + w
-        m = m_new
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(o_ptrs, out.to(o_ptrs.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
@@ -171,7 +137,7 @@ def _launch_config(device: torch.device, kv_fp8: bool) -> dict:
 def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None, split_counters: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context, into `out` (None: a new tensor) of the
     query's shape [num_seqs, num_heads, head_dim], whose last dimension is contiguous.
@@ -180,8 +146,6 @@ def paged_decode_attention(
     num_splits: context slices per sequence (flash-decoding); None picks one from the batch shape and the block
     table width (max_blocks_per_seq * block_size bounds the context), never from seq_lens, so no host sync.
     k_scale, v_scale: the float32 scales of FP8 caches (kernels.kv_quant); None for caches in the query's dtype.
-    split_counters: int32, at least num_seqs * num_kv_heads of them, all 0 (and left so): the splits merge inside
-    the kernel, which saves the merge's launch; None: a second kernel merges them.
     """
     kv_fp8 = check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
     num_seqs, num_heads, head_dim = query.shape
@@ -202,16 +166,12 @@ def paged_decode_attention(
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    merge_last = num_splits > 1 and split_counters is not None
-    if merge_last and (split_counters.dtype != torch.int32 or split_counters.numel() < num_seqs * num_kv_heads):
-        raise ValueError(f"split_counters must be int32 with at least {num_seqs * num_kv_heads} elements, got "
-                         f"{split_counters.dtype} {tuple(split_counters.shape)}")
     dot_dtype, dot_precision = dot_config(query.dtype, query.device, kv_fp8)
     block_d = triton.next_power_of_2(head_dim)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
         block_tables, seq_lens,
-        out, part_out, part_lse, split_counters if merge_last else seq_lens,
+        out, part_out, part_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -220,10 +180,9 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, MERGE_LAST=merge_last,
-        **_launch_config(query.device, kv_fp8),
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
     )
-    if num_splits > 1 and not merge_last:
+    if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,

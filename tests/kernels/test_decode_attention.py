@@ -6,36 +6,27 @@ from kernels import paged_decode_attention, paged_decode_attention_ref
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-def _run(make_paged_kv, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, num_splits, block_size=16,
-         merge_last=False):
-    """merge_last: the splits merge in the attention kernel; it runs twice on the counters, which must stay 0."""
+def _run(make_paged_kv, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, num_splits, block_size=16):
     key_cache, value_cache, block_tables, lens = make_paged_kv(seq_lens, num_kv_heads, head_dim, dtype, block_size)
     query = torch.randn(len(seq_lens), num_heads, head_dim, device=device).to(dtype)
     scale = head_dim ** -0.5
-    counters = torch.zeros(len(seq_lens) * num_kv_heads + 3, dtype=torch.int32, device=device) if merge_last else None
+    out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, scale, num_splits=num_splits)
     ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, scale)
-    for _ in range(2 if merge_last else 1):
-        out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, scale, num_splits=num_splits,
-                                     split_counters=counters)
-        assert out.shape == query.shape and out.dtype == dtype
-        torch.testing.assert_close(out, ref, **TOL[dtype])
-    if merge_last:
-        assert not counters.any()
+    assert out.shape == query.shape and out.dtype == dtype
+    torch.testing.assert_close(out, ref, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 3, 4])
-@pytest.mark.parametrize("merge_last", [False, True])
-def test_gqa_and_dtypes(make_paged_kv, device, dtype, head_dim, group, merge_last):
-    _run(make_paged_kv, device, [1, 5, 123], 2 * group, 2, head_dim, dtype, num_splits=3, merge_last=merge_last)
+def test_gqa_and_dtypes(make_paged_kv, device, dtype, head_dim, group):
+    _run(make_paged_kv, device, [1, 5, 123], 2 * group, 2, head_dim, dtype, num_splits=3)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, None])
-@pytest.mark.parametrize("merge_last", [False, True])
-def test_splits(make_paged_kv, device, num_splits, merge_last):
+def test_splits(make_paged_kv, device, num_splits):
     # 7 splits of 123 tokens: split length rounds up to whole tiles, so the last splits are short or empty
-    _run(make_paged_kv, device, [123, 1, 33, 16, 17], 4, 2, 64, torch.float32, num_splits, merge_last=merge_last)
+    _run(make_paged_kv, device, [123, 1, 33, 16, 17], 4, 2, 64, torch.float32, num_splits)
 
 
 @pytest.mark.parametrize("block_size", [8, 32])
@@ -71,13 +62,11 @@ def test_rejects_bad_inputs(make_paged_kv, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("merge_last", [False, True])
-def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits, merge_last):
+def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits):
     key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([1, 40, 123], 2, 64)
     query = torch.randn(3, 4, 64, device=device).to(dtype)
-    counters = torch.zeros(6, dtype=torch.int32, device=device) if merge_last else None
     out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 0.125, num_splits=num_splits,
-                                 k_scale=k_scale, v_scale=v_scale, split_counters=counters)
+                                 k_scale=k_scale, v_scale=v_scale)
     ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125, k_scale, v_scale)
     assert out.dtype == dtype
     torch.testing.assert_close(out, ref, **TOL[dtype])
@@ -95,16 +84,7 @@ def test_fp8_cache_needs_both_scales(make_fp8_paged_kv, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch, max_context", [(1, 4096), (64, 4096), (256, 1024)])
-@pytest.mark.parametrize("merge_last", [False, True])
-def test_realistic(make_paged_kv, device, batch, max_context, merge_last):
+def test_realistic(make_paged_kv, device, batch, max_context):
     seq_lens = torch.randint(1, max_context + 1, (batch,)).tolist()
     seq_lens[0] = max_context
-    _run(make_paged_kv, device, seq_lens, 16, 8, 128, torch.bfloat16, num_splits=None, merge_last=merge_last)
-
-
-def test_rejects_too_few_split_counters(make_paged_kv, device):
-    key_cache, value_cache, block_tables, lens = make_paged_kv([40, 7], 2, 64, torch.float32)
-    query = torch.randn(2, 4, 64, device=device)
-    with pytest.raises(ValueError, match="split_counters"):
-        paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 1.0, num_splits=2,
-                               split_counters=torch.zeros(3, dtype=torch.int32, device=device))
+    _run(make_paged_kv, device, seq_lens, 16, 8, 128, torch.bfloat16, num_splits=None)

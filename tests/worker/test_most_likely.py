@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from worker_svc.sampling.most_likely import GROUP, SLICES, most_likely, row_maximum
+from worker_svc.sampling.most_likely import GROUP, most_likely
 
 DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 
@@ -29,18 +29,3 @@ def test_the_largest_logits_of_each_row(device, width):
 def test_a_vocabulary_of_few_groups_or_part_of_one(device):
     _check(torch.randn(4, GROUP * 4 * 64 - 1, device=device), 64)
     _check(torch.randn(4, GROUP * 4 * 64 - GROUP, device=device), 64)
-
-
-@DEVICES
-@pytest.mark.parametrize("vocab", [SLICES * 7, SLICES * 2004, 1000])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_maximum_is_torch_max_with_the_first_of_ties(device, vocab, dtype):
-    logits = torch.randn(5, vocab, device=device).mul(2).round().to(dtype)  # many ties, within and across slices
-    logits[1] = 0.0  # every column tied
-    logits[2, 3::5] = 50.0
-    logits[3] = float("-inf")
-    logits[4, -1] = 80.0  # in the last slice
-    maxima, columns = row_maximum(logits)
-    first_columns = (logits == logits.max(dim=-1, keepdim=True).values).int().argmax(dim=-1)
-    assert torch.equal(maxima, logits.max(dim=-1).values)
-    assert torch.equal(columns, first_columns)

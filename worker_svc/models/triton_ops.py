@@ -3,7 +3,7 @@ from torch import nn
 
 import kernels
 from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8, Fp8Gemm, emulated_fp8_linear
+from worker_svc.models.fp8 import FP8
 from worker_svc.models.torch_ops import TorchOps
 
 
@@ -18,19 +18,7 @@ def _weight_scale(layer: nn.Module) -> torch.Tensor | None:
 class TritonOps(TorchOps):
     """The GPU path: TorchOps' operator interface on the Triton kernels. Linear layers of one row (batch-1 decode)
     run as fused weight streams (kernels.fused_linear, which reads FP8 weights as they are stored); larger ones
-    compose the norm and gate kernels around cuBLAS (or the FP8 GEMM). Decode attention merges its context splits
-    in its own kernel, counting them in one zeroed buffer that every layer shares (the layers run one after another).
-    """
-
-    def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear):
-        super().__init__(fp8_gemm)
-        self._counters: list[torch.Tensor] = []  # the newest last; captured graphs may still use the older ones
-
-    def _split_counters(self, size: int, device: torch.device) -> torch.Tensor:
-        """Grown outside CUDA-graph capture: a decode graph's eager warm-up at its batch size comes first."""
-        if not self._counters or self._counters[-1].numel() < size:
-            self._counters.append(torch.zeros(size, dtype=torch.int32, device=device))
-        return self._counters[-1]
+    compose the norm and gate kernels around cuBLAS (or the FP8 GEMM)."""
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,12 +55,11 @@ class TritonOps(TorchOps):
                            block_size: int) -> None:
         kernels.decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens, block_size)
 
-    def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
+    @staticmethod
+    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None) -> torch.Tensor:
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
-                                                  k_scale=k_scale, v_scale=v_scale, out=out,
-                                                  split_counters=self._split_counters(q.shape[0] * key_cache.shape[2],
-                                                                                      q.device))
+                                                  k_scale=k_scale, v_scale=v_scale, out=out)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
                                                meta.seq_lens, scale, k_scale, v_scale, out)

@@ -8,9 +8,6 @@ logits tied with the last one kept, either keeps any."""
 import torch
 
 GROUP = 32
-SLICES = 64  # row_maximum's contiguous slices of a row
-# NOTE: H200, one row: torch's max over the whole row is one reduction on one SM, 37 us at 128,256 (bf16 Llama-3.1-8B
-# logits) and 9 us at 151,936; over 64 slices, then their maxima, PENDING.
 # NOTE: H200, 256 rows of 151,936, width 128: 426 us against torch.topk's 625; the maxima of groups of 32 contiguous
 # columns took 307 us alone, of strided ones 55.
 
@@ -26,14 +23,3 @@ def most_likely(logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
     columns = (groups.unsqueeze(-1) + num_groups * torch.arange(GROUP, device=logits.device)).view(batch, -1)
     values, picked = logits.gather(1, columns).topk(width, dim=-1, sorted=False)
     return values, columns.gather(1, picked)
-
-
-def row_maximum(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits: [batch, vocab] -> each row's largest logit and its first column, as torch.max(dim=-1) gives them, from
-    the maxima of SLICES contiguous slices of the row (the first slice holding the largest holds its first column)."""
-    batch, vocab = logits.shape
-    if vocab % SLICES:
-        return logits.max(dim=-1)
-    slice_maxima, columns = logits.view(batch, SLICES, vocab // SLICES).max(dim=-1)
-    maxima, slices = slice_maxima.max(dim=-1, keepdim=True)
-    return maxima.squeeze(1), (columns.gather(1, slices) + slices * (vocab // SLICES)).squeeze(1)

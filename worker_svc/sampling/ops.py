@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker_svc.sampling.most_likely import most_likely, row_maximum
+from worker_svc.sampling.most_likely import most_likely
 from worker_svc.sampling.seeded_random import seeded_uniform
 from worker_svc.sampling.threshold import ordered_keys, threshold_key
 
@@ -84,9 +84,9 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 
 
 def _sampled(logits: torch.Tensor, draws: RandomDraws | None) -> torch.Tensor:
-    maxima, greedy_tokens = row_maximum(logits)
     if draws is None:
-        return greedy_tokens
+        return logits.argmax(dim=-1)
+    maxima, greedy_tokens = logits.max(dim=-1)
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
     if logits.is_cuda:
         return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, maxima, draws, uniform))
