@@ -3,7 +3,8 @@
 Runs `--batch` requests of a short prompt and `--output-len` greedy tokens each through the real Scheduler and
 WorkerEngine (dummy bf16 weights of `--model`), times the host side of every pure-decode step's launch and finish,
 and profiles the worker's calls with cProfile over the last `--profiled-steps` of them; `--kernels` lists the
-decode graph's kernels. JSON goes to the first argument; the top functions by own time are printed.
+kernels of 20 more steps and writes their trace. JSON goes to the first argument; the top functions by own time
+are printed.
 """
 import argparse
 import cProfile
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--profiled-steps", type=int, default=300)
-    parser.add_argument("--kernels", action="store_true", help="print the decode graph's kernels under torch.profiler")
+    parser.add_argument("--kernels", action="store_true", help="list the kernels of 20 steps (torch.profiler)")
     args = parser.parse_args()
     worker = WorkerEngine.load(WorkerConfig(model=args.model, load_format="dummy", dtype="bfloat16", device="cuda"))
     engine = OfflineEngine(worker, max_model_len=4096)
@@ -79,9 +80,12 @@ def main() -> None:
                "median_finish_ms": statistics.median(timed.finish_ms)}
     summary["graph_replay_ms"] = _graph_replay_ms(worker, args.batch)
     if args.kernels:
+        engine.worker = worker
         with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-            _graph_replay_ms(worker, args.batch, replays=20)
+            engine.generate(prompts, [SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True)] * args.batch)
         print(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+        profiler.export_chrome_trace(args.out.removesuffix(".json") + "_trace.json")
+        engine.worker = timed
     timed.profiling = True
     engine.generate(prompts, [SamplingParams(max_tokens=args.profiled_steps, temperature=0.0, ignore_eos=True)]
                     * args.batch)
