@@ -16,7 +16,7 @@ class WorkerConfig:
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False  # no CUDA graphs
+    enforce_eager: bool = False  # no CUDA graphs, and every step builds its inputs on the host
     kernels: str = "auto"  # "auto" (Triton on a GPU, torch on the CPU), "triton" or "torch"
     seed: int = 0
     tensor_parallel_size: int = 1

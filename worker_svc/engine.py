@@ -118,8 +118,9 @@ class WorkerEngine:
         if self.uses_graphs:
             piecewise_graphs = PiecewiseGraphs(self.model, kv_caches, cos_sin_cache, max_num_batched_tokens,
                                                self.device)
+        if not self.config.enforce_eager:  # uncaptured off CUDA: decode steps still keep their inputs on the device
             graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
-                                  self.device)
+                                  self.device, capture=self.uses_graphs)
         self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device, graphs,
                                   self._sampler(), drafter, piecewise_graphs)
         return num_blocks

@@ -22,7 +22,8 @@ class DecodeContinuation:
 
     step_id: int
     request_ids: list[str]  # in graph-row order
-    sampling_rows: torch.Tensor  # [len(request_ids)] int64 on the device: the requests' SamplingRows indices
+    sampling_rows: torch.Tensor  # [len(request_ids)] int64 on the device: the requests' SamplingRows indices (none
+    # on a tensor-parallel follower)
 
     def continued_by(self, plan: StepPlan, states: list[RequestState]) -> bool:
         """Whether the plan's step decodes, from the token each sampled in this step, only requests of this step."""
@@ -42,7 +43,8 @@ class DecodeContinuation:
         else:
             index = upload(rows, torch.int64, self.sampling_rows.device)
             graphs.move_rows(index)
-            sampling_rows = self.sampling_rows[index]
+            if self.sampling_rows.numel():  # a tensor-parallel follower samples nothing: it holds no rows
+                sampling_rows = self.sampling_rows[index]
         _set_new_blocks(plan, request_ids, graphs)
         return LogitsRows(request_ids, n, list(range(n))), sampling_rows
 
@@ -54,10 +56,14 @@ def _set_new_blocks(plan: StepPlan, request_ids: list[str], graphs: DecodeGraphs
         return
     row_of = {request_id: row for row, request_id in enumerate(request_ids)}
     rows, columns, block_ids = [], [], []
+    width = graphs.block_tables.shape[1]  # blocks past the longest context are never read
     for cached in grown:
         first = cached.num_blocks - len(cached.new_block_ids)
-        rows += [row_of[cached.request_id]] * len(cached.new_block_ids)
-        columns += range(first, cached.num_blocks)
-        block_ids += cached.new_block_ids
+        kept = cached.new_block_ids[:max(width - first, 0)]
+        rows += [row_of[cached.request_id]] * len(kept)
+        columns += range(first, first + len(kept))
+        block_ids += kept
+    if not rows:
+        return
     entries = upload(rows + columns + block_ids, torch.int32, graphs.block_tables.device)
     graphs.set_blocks(*entries.split(len(rows)))

@@ -19,7 +19,8 @@ def batch_size_ladder(max_batch_size: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, max_batch_size: int, max_blocks_per_seq: int,
-                 device: torch.device):
+                 device: torch.device, capture: bool = True):
+        """capture False (the CPU): each replay runs the pass eagerly over the live rows, from the same buffers."""
         self.model = model
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
@@ -39,21 +40,22 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self._num_live = 0
-        self._capture_all()
+        if capture:
+            self._capture_all()
 
-    def _metadata(self, batch_size: int) -> AttentionMetadata:
+    def _metadata(self, batch_size: int, max_seq_len: int | None) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:batch_size], query_start_loc=self.query_start_loc[:batch_size + 1],
             seq_lens=self.seq_lens[:batch_size], block_tables=self.block_tables[:batch_size],
             token_seq_index=self.rows[:batch_size], token_query_pos=torch.zeros_like(self.rows[:batch_size]),
-            max_query_len=1, max_seq_len=self.block_tables.shape[1] * self.block_size)
+            max_query_len=1, max_seq_len=max_seq_len or self.block_tables.shape[1] * self.block_size)
 
-    def _forward(self, batch_size: int) -> torch.Tensor:
+    def _forward(self, batch_size: int, max_seq_len: int | None = None) -> torch.Tensor:
         self.ops.decode_step_inputs(self.next_positions[:batch_size], self.live[:batch_size],
                                     self.block_tables[:batch_size], self.positions[:batch_size],
                                     self.slot_mapping[:batch_size], self.seq_lens[:batch_size], self.block_size)
         return self.model(self.input_ids[:batch_size], self.positions[:batch_size], self.cos_sin_cache,
-                          self.kv_caches, self._metadata(batch_size), None)
+                          self.kv_caches, self._metadata(batch_size, max_seq_len), None)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -70,14 +72,15 @@ class DecodeGraphs:
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
-    def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int) -> torch.Tensor:
         """A step of n requests in rows 0..n-1. token_inputs: [2, n] int64 input ids and positions; block_tables:
-        [n, width] int32 (entries past a request's blocks are never read)."""
+        [n, width] int32 (entries past a request's blocks, or past the longest context, are never read)."""
         n = token_inputs.shape[1]
+        width = min(block_tables.shape[1], self.block_tables.shape[1])
         self.token_inputs[:, :n].copy_(token_inputs)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        self.block_tables[:n, :width].copy_(block_tables[:, :width])
         self.keep_first(n)
-        return self.replay()
+        return self.replay(max_seq_len)
 
     def keep_first(self, n: int) -> None:
         """Rows 0..n-1 are the live ones."""
@@ -94,9 +97,12 @@ class DecodeGraphs:
         self.block_tables[:n] = self.block_tables[rows]
         self.keep_first(n)
 
-    def replay(self) -> torch.Tensor:
-        """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits."""
+    def replay(self, max_seq_len: int) -> torch.Tensor:
+        """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits. max_seq_len bounds
+        the rows' contexts for an uncaptured pass."""
         n = self._num_live
+        if not self.graphs:
+            return self._forward(n, max_seq_len)
         batch_size = next(size for size in self.sizes if size >= n)
         self.graphs[batch_size].replay()
         return self.logits[batch_size][:n]

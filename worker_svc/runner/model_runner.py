@@ -91,7 +91,8 @@ class ModelRunner:
         continuation = self._continuation
         if continuation is not None and continuation.continued_by(plan, states):
             rows, sampling_rows = continuation.prepare(plan, request_ids, self.decode_graphs)
-            logits, drafts, prompt_logprobs, decode_graph = self.decode_graphs.replay(), None, None, True
+            logits = self.decode_graphs.replay(max(state.num_tokens for state in states))
+            drafts, prompt_logprobs, decode_graph = None, None, True
         else:
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
@@ -197,7 +198,7 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
         if self._fits_decode_graph(inputs.meta):
-            logits = self.decode_graphs.run(inputs.token_inputs[:2], inputs.meta.block_tables)
+            logits = self.decode_graphs.run(inputs.token_inputs[:2], inputs.meta.block_tables, inputs.meta.max_seq_len)
             return logits if one_logit_per_token else logits[inputs.logits_indices]
         return self.model.logits(*self._hidden_states(inputs, one_logit_per_token))
 

@@ -1,0 +1,45 @@
+"""Decode steps that continue the step before take their inputs from the decode buffers, not from the host. On the
+CPU the buffers run uncaptured, so the same bookkeeping is held here to Hugging Face's greedy output and to
+`--enforce-eager` (every step built on the host): requests that finish at different lengths (rows move), a KV pool
+small enough to force preemptions (rows reorder, requests rejoin), and contexts that cross block boundaries."""
+import pytest
+
+from sluice.cli.offline import OfflineEngine
+from sluice.core.sampling_params import SamplingParams
+from tests.e2e.hf_reference import hf_greedy
+from worker_svc.config import WorkerConfig
+from worker_svc.engine import WorkerEngine
+
+TEXTS = ["The history of the Roman Empire began", "A recipe for pancakes: first,", "The three laws of motion are",
+         "Python is a programming language that", "The quick brown fox"]
+MAX_TOKENS = [20, 34, 12, 28, 25]
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_tokenizer):
+    return [hf_tokenizer(text).input_ids for text in TEXTS]
+
+
+def _generate(model_dir, prompts: list[list[int]], enforce_eager: bool) -> tuple[list[list[int]], int, int, int]:
+    """The outputs, the steps, the steps that built their inputs on the host, and the preemptions."""
+    worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
+    engine = OfflineEngine(worker, num_blocks=6, max_num_seqs=8)  # 96 tokens of KV for 5 requests of 16 to 41
+    built = []
+    build = worker.runner.inputs.build
+    worker.runner.inputs.build = lambda *args, **kwargs: built.append(1) or build(*args, **kwargs)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
+    outputs = [result.token_ids for result in engine.generate(prompts, params)]
+    return outputs, engine.num_steps, len(built), engine.scheduler.get_load().num_preemptions
+
+
+def test_continued_decodes_match_hf_and_the_eager_engine(default_model_dir, hf_model, prompts):
+    outputs, num_steps, num_built, num_preemptions = _generate(default_model_dir, prompts, enforce_eager=False)
+    eager_outputs, eager_steps, eager_built, _ = _generate(default_model_dir, prompts, enforce_eager=True)
+    assert num_preemptions > 0
+    assert [len(tokens) for tokens in outputs] == MAX_TOKENS
+    assert outputs == eager_outputs
+    for prompt, tokens in zip(prompts, outputs):
+        expected = hf_greedy(hf_model, prompt, len(tokens))
+        assert tokens[:len(expected)] == expected
+    assert eager_built == eager_steps
+    assert num_built < num_steps / 2
