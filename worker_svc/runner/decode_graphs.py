@@ -108,7 +108,7 @@ class DecodeGraphs:
         return self.logits[batch_size][:n]
 
     def set_blocks(self, rows: torch.Tensor, columns: torch.Tensor, block_ids: torch.Tensor) -> None:
-        """Block table entries of live rows (int64 rows and columns, int32 block ids, on the device)."""
+        """Block table entries of live rows: their rows, columns and block ids (int32, on the device)."""
         self.block_tables.index_put_((rows, columns), block_ids)
 
     def feed(self, token_ids: torch.Tensor) -> None:
