@@ -6,6 +6,7 @@ import pytest
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
+from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from tests.e2e.hf_reference import hf_greedy
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
@@ -43,3 +44,22 @@ def test_continued_decodes_match_hf_and_the_eager_engine(default_model_dir, hf_m
         assert tokens[:len(expected)] == expected
     assert eager_built == eager_steps
     assert num_built < num_steps / 2
+
+
+def test_a_decode_after_a_step_where_an_earlier_row_did_not_sample(default_model_dir, prompts):
+    """Step 0 is laid out as a decode step but its first request only prefills one prompt token (it samples nothing);
+    step 1 decodes the second request alone. Its input must be the token it sampled, not one fed to another row."""
+    def two_steps(enforce_eager: bool) -> list[dict[str, int]]:
+        engine = WorkerEngine.load(WorkerConfig(model=str(default_model_dir), enforce_eager=enforce_eager))
+        engine.init_cache(16, 8)
+        greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        first = StepPlan(0, [NewRequest("prefilling", prompts[0], [0], 0, greedy),
+                             NewRequest("decoding", prompts[1][:1], [1], 0, greedy)],
+                         num_scheduled_tokens={"prefilling": 1, "decoding": 1})
+        second = StepPlan(1, cached_requests=[CachedRequest("decoding", [], 1, 1)],
+                          num_scheduled_tokens={"decoding": 1})
+        return [engine.execute(plan).sampled_token_ids for plan in (first, second)]
+
+    outcomes = two_steps(enforce_eager=False)
+    assert list(outcomes[0]) == ["decoding"]
+    assert outcomes == two_steps(enforce_eager=True)

@@ -100,7 +100,8 @@ class ModelRunner:
             decode_graph = not rows.prompt_groups and self._fits_decode_graph(inputs.meta)
         sample = self.sampler.sample(logits, rows.sample_request_ids, sampling_rows, plan.spec_token_ids, drafts)
         self._continuation = None
-        if decode_graph and not plan.num_proposed and self.drafter is None:
+        every_request_sampled = len(rows.sample_request_ids) == len(request_ids)  # then in the graph rows' order
+        if decode_graph and every_request_sampled and not plan.num_proposed and self.drafter is None:
             self.decode_graphs.feed(sample.token_ids)
             self._continuation = DecodeContinuation(plan.step_id, request_ids, sampling_rows)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
