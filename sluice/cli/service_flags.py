@@ -20,7 +20,8 @@ def add_worker_options(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs; every step builds its inputs on the host")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs; every step builds its inputs on the host")
     parser.add_argument("--kernels", default="auto", choices=["auto", "triton", "torch"],
                         help="auto: Triton kernels on a GPU, plain torch on the CPU")
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
