@@ -3,7 +3,7 @@ temperature, top-k, top-p and min-p) over the draft's logits, at a uniform of th
 draw is independent of the uniform that verifies it. Returned with that distribution q, which verification needs."""
 import torch
 
-from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, sampling_weights
+from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
 from worker_svc.sampling.seeded_random import seeded_uniform
 
 _DRAFT_STREAM = 0x9E3779B9  # mixed into the seed's high word
@@ -13,7 +13,7 @@ def draw_proposals(logits: torch.Tensor, tensors: SamplingTensors) -> tuple[torc
     """logits: [rows, vocab] the draft's, raw. Returns each row's proposal and the float32 [rows, vocab]
     distribution it was drawn from (None when every row is greedy: its proposal is the argmax)."""
     logits = process_logits(logits, tensors)
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = row_maxima(logits)[1]
     draws = tensors.draws
     if draws is None:
         return greedy_tokens, None

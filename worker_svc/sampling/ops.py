@@ -85,13 +85,23 @@ def sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
 
 def _sampled(logits: torch.Tensor, draws: RandomDraws | None) -> torch.Tensor:
     if draws is None:
-        return logits.argmax(dim=-1)
-    maxima, greedy_tokens = logits.max(dim=-1)
+        return row_maxima(logits)[1]
+    maxima, greedy_tokens = row_maxima(logits)
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
     if logits.is_cuda:
         return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, maxima, draws, uniform))
     token_ids, weights = sampling_weights(logits, draws)
     return torch.where(draws.temperature == 0, greedy_tokens, drawn_tokens(token_ids, weights, uniform))
+
+
+def row_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's largest logit and the first token that has it, as torch.max(dim=-1) finds them; on a GPU spread
+    over the device (kernels.row_max), where torch reduces a row on one SM: 37 us for one row of 128,256 on an H200."""
+    if not logits.is_cuda:
+        return logits.max(dim=-1)
+    from kernels.row_max import row_max
+
+    return row_max(logits)
 
 
 def _drawn_on_gpu(logits: torch.Tensor, maxima: torch.Tensor, draws: RandomDraws,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, sampling_weights
+from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
 from worker_svc.sampling.seeded_random import seeded_uniform
 from worker_svc.sampling.upload import upload
 
@@ -31,7 +31,7 @@ def verify(logits: torch.Tensor, tensors: SamplingTensors, proposals: torch.Tens
     logits = process_logits(logits, tensors)
     has_proposal = proposals != NO_PROPOSAL
     proposed = proposals.clamp(min=0)
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = row_maxima(logits)[1]
     greedy_accepted = has_proposal & (greedy_tokens == proposed)
     greedy_tokens = torch.where(greedy_accepted, proposed, greedy_tokens)
     draws = tensors.draws
