@@ -20,6 +20,7 @@ from worker_svc.models.weights import load_checkpoint, to_worker_layout
 from worker_svc.parallel.group import TensorParallelGroup
 from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.draft_proposer import DraftProposer
+from worker_svc.runner.forward_pass import ForwardPass
 from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
 from worker_svc.runner.memory_profile import profile_kv_cache_bytes
 from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
@@ -108,22 +109,30 @@ class WorkerEngine:
             if self.group is not None:
                 num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
+        graphed = partial(self._forward_pass, max_num_batched_tokens=max_num_batched_tokens,
+                          max_num_seqs=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size))
         drafter = None
         if self.draft_model is not None:
-            drafter = DraftProposer(self.draft_model, allocate_kv_cache(self.draft_config, num_blocks, block_size,
-                                                                        self.config.torch_dtype, self.device),
-                                    _cos_sin_cache(self.draft_config, max_model_len, self.device), block_size,
-                                    self.device)
-        graphs = piecewise_graphs = None
-        if self.uses_graphs:
-            piecewise_graphs = PiecewiseGraphs(self.model, kv_caches, cos_sin_cache, max_num_batched_tokens,
-                                               self.device)
-        if not self.config.enforce_eager:  # uncaptured off CUDA: decode steps still keep their inputs on the device
-            graphs = DecodeGraphs(self.model, kv_caches, cos_sin_cache, max_num_seqs, -(-max_model_len // block_size),
-                                  self.device, capture=self.uses_graphs)
-        self.runner = ModelRunner(self.model, kv_caches, cos_sin_cache, block_size, self.device, graphs,
-                                  self._sampler(), drafter, piecewise_graphs)
+            draft_caches = allocate_kv_cache(self.draft_config, num_blocks, block_size, self.config.torch_dtype,
+                                             self.device)
+            drafter = DraftProposer(graphed(self.draft_model, draft_caches,
+                                            _cos_sin_cache(self.draft_config, max_model_len, self.device)),
+                                    block_size, self.device)
+        self.runner = ModelRunner(graphed(self.model, kv_caches, cos_sin_cache), block_size, self.device,
+                                  self._sampler(), drafter)
         return num_blocks
+
+    def _forward_pass(self, model: DecoderLM, kv_caches, cos_sin_cache: torch.Tensor, max_num_batched_tokens: int,
+                      max_num_seqs: int, max_blocks_per_seq: int) -> ForwardPass:
+        """The model's pass with its CUDA graphs captured (unless eager; uncaptured off CUDA, decode steps still keep
+        their inputs on the device)."""
+        decode_graphs = piecewise_graphs = None
+        if self.uses_graphs:
+            piecewise_graphs = PiecewiseGraphs(model, kv_caches, cos_sin_cache, max_num_batched_tokens, self.device)
+        if not self.config.enforce_eager:
+            decode_graphs = DecodeGraphs(model, kv_caches, cos_sin_cache, max_num_seqs, max_blocks_per_seq,
+                                         self.device, capture=self.uses_graphs)
+        return ForwardPass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs)
 
     @property
     def uses_graphs(self) -> bool:

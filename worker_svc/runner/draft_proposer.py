@@ -6,12 +6,13 @@ Each step the draft first catches up: one pass computes every scheduled request'
 where the target's chunk ends short of the draft slots (prefill chunks included, so its KV follows the target's);
 the last row of a drafting request gives its first proposal. Each further proposal is one decode pass over the
 requests that draft that many. Everything is queued on the device, as the target's pass is: nothing waits for the
-host, and a pass's host-side inputs go up in one copy."""
+host, a pass's host-side inputs go up in one copy, and the passes replay the draft's own CUDA graphs (`forward`)."""
 import numpy as np
 import torch
 
 from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.runner.batch_state import BatchState, RequestState
+from worker_svc.runner.forward_pass import ForwardPass
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder
 from worker_svc.sampling.draft_sampling import draw_proposals
 from worker_svc.sampling.rows import SamplingRows
@@ -20,10 +21,9 @@ from worker_svc.sampling.upload import upload
 
 
 class DraftProposer:
-    def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device):
-        self.model = model
-        self.kv_caches = kv_caches
-        self.cos_sin_cache = cos_sin_cache
+    def __init__(self, forward: ForwardPass, block_size: int, device: torch.device):
+        self.forward = forward
+        self.kv_caches = forward.kv_caches
         self.block_size = block_size
         self.device = device
         self.inputs = StepInputBuilder(block_size, device)
@@ -41,8 +41,7 @@ class DraftProposer:
         draft_ids = [request_ids[i] for i in drafting]
         inputs = self.inputs.build(batch, states, lens, last_rows[drafting].tolist(), rows.indices(draft_ids),
                                    previous, starts=starts)
-        logits = self.model(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches, inputs.meta,
-                            inputs.logits_indices)
+        logits = self.forward.logits(inputs.token_inputs, inputs.meta, inputs.logits_indices)
         for state, end, count in zip(states, ends, counts):
             state.num_draft_computed = end + max(count - 1, 0)  # the last proposal is the target's to compute
         if not drafting:
@@ -66,8 +65,8 @@ class DraftProposer:
                 output_positions = None if tensors.draws is None else tensors.draws.output_positions
             if output_positions is not None:
                 tensors.draws.output_positions = output_positions + j
-            logits = self.model(token_ids.view(-1).index_select(0, sources), positions, self.cos_sin_cache,
-                                self.kv_caches, meta, None)
+            token_inputs = torch.stack((token_ids.view(-1).index_select(0, sources), positions, meta.slot_mapping))
+            logits = self.forward.logits(token_inputs, meta, None)
             proposals, pass_probs = draw_proposals(logits, tensors)
             token_ids.view(-1).index_copy_(0, destinations, proposals)
             if probs is not None and pass_probs is not None:

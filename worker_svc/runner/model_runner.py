@@ -6,14 +6,12 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
-from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.runner.batch_state import BatchState, RequestState
 from worker_svc.runner.decode_continuation import DecodeContinuation
-from worker_svc.runner.decode_graphs import DecodeGraphs
 from worker_svc.runner.draft_proposer import DraftProposer
+from worker_svc.runner.forward_pass import ForwardPass
 from worker_svc.runner.kv_cache import copy_blocks
 from worker_svc.runner.logits_rows import LogitsRows, logits_rows
-from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
 from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
 from worker_svc.sampling.speculative import Drafts
 from worker_svc.sampling.step import DeviceSample, StepSampler
@@ -51,19 +49,17 @@ class ModelRunner:
 
     launch() queues a step's work without waiting for the device, so the host prepares step N + 1 while step N runs;
     finish() collects a launched step's outcome. Steps finish in launch order. With a draft model (`drafter`), its
-    proposals are made at the start of each step and verified in the same pass as ngram's. Decode-only steps replay
-    decode_graphs; the others (prefill chunks, proposals to verify) replay piecewise_graphs around eager attention.
-    A decode step of requests of the decode step before it builds no inputs on the host (decode_continuation).
+    proposals are made at the start of each step and verified in the same pass as ngram's. The model runs through
+    `forward`'s CUDA graphs. A decode step of requests of the decode step before it builds no inputs on the host
+    (decode_continuation).
     """
 
-    def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, block_size: int, device: torch.device,
-                 decode_graphs: DecodeGraphs | None, sampler: StepSampler, drafter: DraftProposer | None = None,
-                 piecewise_graphs: PiecewiseGraphs | None = None):
-        self.model = model
-        self.decode_graphs = decode_graphs
-        self.piecewise_graphs = piecewise_graphs
-        self.kv_caches = kv_caches
-        self.cos_sin_cache = cos_sin_cache
+    def __init__(self, forward: ForwardPass, block_size: int, device: torch.device, sampler: StepSampler,
+                 drafter: DraftProposer | None = None):
+        self.forward = forward
+        self.model = forward.model
+        self.decode_graphs = forward.decode_graphs
+        self.kv_caches = forward.kv_caches
         self.device = device
         self.batch = BatchState()
         self.inputs = StepInputBuilder(block_size, device)
@@ -97,7 +93,7 @@ class ModelRunner:
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
             sampling_rows = inputs.sampling_rows
-            decode_graph = not rows.prompt_groups and self._fits_decode_graph(inputs.meta)
+            decode_graph = not rows.prompt_groups and self.forward.fits_decode_graph(inputs.meta)
         sample = self.sampler.sample(logits, rows.sample_request_ids, sampling_rows, plan.spec_token_ids, drafts)
         self._continuation = None
         every_request_sampled = len(rows.sample_request_ids) == len(request_ids)  # then in the graph rows' order
@@ -167,8 +163,10 @@ class ModelRunner:
     def _logits(self, inputs: StepInputs, rows: LogitsRows) -> tuple[torch.Tensor, LogprobTensors | None]:
         """The sampling rows' logits and, where asked, the prompt rows' logprobs."""
         if not rows.prompt_groups:
-            return self._forward(inputs, rows.token_indices == list(range(inputs.input_ids.shape[0]))), None
-        x, residual = self._hidden_states(inputs, at_every_token=False)
+            at_every_token = rows.token_indices == list(range(inputs.input_ids.shape[0]))
+            return self.forward.logits(inputs.token_inputs, inputs.meta,
+                                       None if at_every_token else inputs.logits_indices), None
+        x, residual = self.forward.hidden_states(inputs.token_inputs, inputs.meta, inputs.logits_indices)
         num_samples = rows.num_sample_rows
         return (self.model.logits(x[:num_samples], residual[:num_samples]),
                 self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows))
@@ -193,23 +191,3 @@ class ModelRunner:
                                               rows.prompt_targets[start:start + PROMPT_LOGPROB_ROWS], num_top)
                  for start in range(0, len(rows.prompt_targets), PROMPT_LOGPROB_ROWS)]
         return None if parts[0] is None else joined(parts, rows.prompt_groups)
-
-    def _fits_decode_graph(self, meta: AttentionMetadata) -> bool:
-        return self.decode_graphs is not None and meta.is_pure_decode and self.decode_graphs.fits(meta.num_seqs)
-
-    def _forward(self, inputs: StepInputs, one_logit_per_token: bool) -> torch.Tensor:
-        if self._fits_decode_graph(inputs.meta):
-            logits = self.decode_graphs.run(inputs.token_inputs[:2], inputs.meta.block_tables, inputs.meta.max_seq_len)
-            return logits if one_logit_per_token else logits[inputs.logits_indices]
-        return self.model.logits(*self._hidden_states(inputs, one_logit_per_token))
-
-    def _hidden_states(self, inputs: StepInputs, at_every_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last layer's output and residual at the step's logits_indices (at_every_token: they name every
-        token)."""
-        indices = None if at_every_token else inputs.logits_indices
-        graphs = self.piecewise_graphs
-        if graphs is None or not graphs.fits(inputs.input_ids.shape[0]):
-            return self.model.hidden_states(inputs.input_ids, inputs.positions, self.cos_sin_cache, self.kv_caches,
-                                            inputs.meta, indices)
-        x, residual = graphs.run(inputs.token_inputs, inputs.meta)
-        return (x, residual) if indices is None else (x[indices], residual[indices])

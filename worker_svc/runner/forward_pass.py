@@ -1,0 +1,40 @@
+"""A model's forward pass over a step's inputs, through its CUDA graphs where the step fits them: a step of one token
+per sequence replays decode_graphs, another one of at most the largest bucket's tokens replays piecewise_graphs
+around eager attention, and any other runs eagerly. The target model and a draft model each have one."""
+import torch
+
+from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
+
+
+class ForwardPass:
+    def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, decode_graphs: DecodeGraphs | None,
+                 piecewise_graphs: PiecewiseGraphs | None):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.cos_sin_cache = cos_sin_cache
+        self.decode_graphs = decode_graphs
+        self.piecewise_graphs = piecewise_graphs
+
+    def fits_decode_graph(self, meta: AttentionMetadata) -> bool:
+        return self.decode_graphs is not None and meta.is_pure_decode and self.decode_graphs.fits(meta.num_seqs)
+
+    def logits(self, token_inputs: torch.Tensor, meta: AttentionMetadata,
+               logits_indices: torch.Tensor | None) -> torch.Tensor:
+        """The logits at the tokens logits_indices names (None: at every token). token_inputs: [3, num_tokens] int64
+        input ids, positions and KV slots, which meta describes."""
+        if self.fits_decode_graph(meta):
+            logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len)
+            return logits if logits_indices is None else logits[logits_indices]
+        return self.model.logits(*self.hidden_states(token_inputs, meta, logits_indices))
+
+    def hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata,
+                      indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's output and residual at the tokens `indices` names (None: at every token)."""
+        graphs = self.piecewise_graphs
+        if graphs is None or not graphs.fits(token_inputs.shape[1]):
+            return self.model.hidden_states(token_inputs[0], token_inputs[1], self.cos_sin_cache, self.kv_caches,
+                                            meta, indices)
+        x, residual = graphs.run(token_inputs, meta)
+        return (x, residual) if indices is None else (x[indices], residual[indices])
