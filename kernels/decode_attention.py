@@ -5,6 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dependent_launch import dependent_launch, wait_for_inputs
 from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
 from kernels.prefill_attention import paged_prefill_attention_ref
 
@@ -32,7 +33,7 @@ def _paged_decode_attention_kernel(
     stride_os, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (seq, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
 
@@ -43,6 +44,7 @@ def _paged_decode_attention_kernel(
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
     log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
     """
+    wait_for_inputs(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -94,8 +96,10 @@ def _paged_decode_attention_kernel(
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (seq, head) merges the splits: out = sum_i 2^(lse_i - max) * o_i / sum_i 2^(lse_i - max)."""
+    wait_for_inputs(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     part = (seq * tl.num_programs(1) + head) * NUM_SPLITS
@@ -181,11 +185,13 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
+        **dependent_launch(query.device),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            **dependent_launch(query.device),
         )
     return out
 

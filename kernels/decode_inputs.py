@@ -3,17 +3,20 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dependent_launch import dependent_launch, wait_for_inputs
+
 BLOCK_ROWS = 256
 
 
 @triton.jit
 def _decode_step_inputs_kernel(
     next_positions_ptr, live_ptr, block_tables_ptr, positions_ptr, slot_mapping_ptr, seq_lens_ptr,
-    num_rows, stride_table, BLOCK_SIZE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    num_rows, stride_table, BLOCK_SIZE: tl.constexpr, BLOCK_ROWS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Each program handles BLOCK_ROWS rows. A live row's token sits at its next position: its KV slot is that
     position's offset in the block its table names there, and its context ends one past it; then the next position
     advances. A padding row gets position 0, slot -1 (nothing is written) and a context of one token."""
+    wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     in_range = rows < num_rows
     live = tl.load(live_ptr + rows, mask=in_range, other=0) != 0
@@ -48,7 +51,7 @@ def decode_step_inputs(next_positions: torch.Tensor, live: torch.Tensor, block_t
         return
     _decode_step_inputs_kernel[(triton.cdiv(num_rows, BLOCK_ROWS),)](
         next_positions, live, block_tables, positions, slot_mapping, seq_lens, num_rows, block_tables.stride(0),
-        BLOCK_SIZE=block_size, BLOCK_ROWS=BLOCK_ROWS,
+        BLOCK_SIZE=block_size, BLOCK_ROWS=BLOCK_ROWS, **dependent_launch(next_positions.device),
     )
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.activation import silu_and_mul_ref
+from kernels.dependent_launch import dependent_launch, wait_for_inputs
 from kernels.rms_norm import rms_norm_ref
 
 
@@ -50,7 +51,7 @@ def _fused_linear_kernel(
     N, K, eps, stride_w,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     HAS_W_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `pid` computes output features [pid * BLOCK_N, +BLOCK_N) of the one input row.
 
@@ -61,6 +62,7 @@ def _fused_linear_kernel(
     Rounding follows the unfused kernels: the normalised row is rounded to x's dtype before and after the norm
     weight; each product is summed in fp32 and rounded to x's dtype (plus bias first) before the gate.
     """
+    wait_for_inputs(PDL)
     pid = tl.program_id(0)
     cols = tl.minimum(pid * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
     w_rows = w_ptr + cols[:, None] * stride_w
@@ -168,6 +170,7 @@ def fused_linear(
         n, k, eps, weight.stride(0),
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
         HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] == k, **config,
+        **dependent_launch(x.device),
     )
     return out, new_residual
 

@@ -3,6 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dependent_launch import dependent_launch, wait_for_inputs
 from kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import NORM_DTYPES, rms_norm_ref
@@ -52,7 +53,7 @@ def _prepare_qkv_kernel(
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `token` turns its row of the fused qkv projection (q heads, k heads, v heads) into attention inputs.
 
@@ -62,6 +63,7 @@ def _prepare_qkv_kernel(
     q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as kernels.reshape_and_cache,
     quantized with their scales into FP8 caches), skipped for a negative (padding) slot.
     """
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     row_ptr = qkv_ptr + token * stride_t
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -161,7 +163,7 @@ def prepare_qkv(
         eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
-        KV_FP8=kv_fp8, num_warps=num_warps,
+        KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device),
     )
     return q
 
