@@ -23,7 +23,7 @@ PROGRAMS_PER_SM = 2
 
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every eager step: compile once
 def _paged_decode_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr, row_groups_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
     stride_qs, stride_qh,
@@ -32,47 +32,61 @@ def _paged_decode_attention_kernel(
     stride_bt,
     stride_os, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (seq, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
+    """Program (row, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
 
-    The context [0, seq_len) is cut into NUM_SPLITS slices of equal length (rounded up to whole BLOCK_N tiles; the
-    last slices may be short or empty). The group's GROUP query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded
-    once, and each K/V tile, gathered through the block table, is read once for the whole group (attend_kv_range:
-    online softmax in base 2, unmasked over whole tiles, masked over the slice's last partial tile).
+    With ROWS > 1 the program's rows are row_groups[row] consecutive rows of one sequence (a verification's
+    newest token and proposals, one position apart) and it returns at once for 0; their query heads share the tile
+    (BLOCK_G >= ROWS * GROUP), so each K/V tile is read once for all of them. The context is cut into NUM_SPLITS
+    slices of equal length of the first row's context (rounded up to whole BLOCK_N tiles; the last slices may be
+    short or empty); the slice that holds the first row's last position also takes the later rows' newer positions.
+    Each row's query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded once, and each K/V tile, gathered through
+    the block table, is read once for the whole group (attend_kv_range: online softmax in base 2, unmasked over
+    whole tiles that every row sees, masked, causally per row, over the rest).
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
     log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
     """
     wait_for_inputs(PDL)
-    seq = tl.program_id(0)
+    row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
+    num_rows = 1
+    if ROWS > 1:
+        num_rows = tl.load(row_groups_ptr + row)
+        if num_rows == 0:
+            return
 
-    # -- this split's slice of the context
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-
-    # -- the group's query rows: [BLOCK_G, BLOCK_D]
+    # -- the group's query rows: [BLOCK_G, BLOCK_D], row r's GROUP heads at r * GROUP
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_mask = (g < GROUP)[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    rows = row + g // GROUP
+    row_mask = g < num_rows * GROUP
+    heads = kv_head * GROUP + g % GROUP
+    q_mask = row_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + rows[:, None] * stride_qs + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     q = q.to(DOT_DTYPE)
+    first_len = tl.load(seq_lens_ptr + row)
+    row_lens = tl.load(seq_lens_ptr + rows, mask=row_mask, other=first_len)
+    q_pos = row_lens - 1  # each row's new token is the last position it sees
 
-    # -- whole tiles without masks, then the slice's ragged last tile with them
+    # -- this split's slice of the context
+    split_len = tl.cdiv(tl.cdiv(first_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, first_len)
+    if (start < first_len) & (start + split_len >= first_len):
+        end = tl.max(row_lens, 0)
+
+    # -- whole tiles without masks, then the slice's ragged last tile (and the later rows' positions) with them
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     k_ptr = k_cache_ptr + kv_head * stride_kh
     v_ptr = v_cache_ptr + kv_head * stride_vh
-    bt_row = block_tables_ptr + seq * stride_bt
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-    q_pos = tl.full([BLOCK_G], 0, tl.int32) + seq_len - 1  # the new token is the context's last position
+    bt_row = block_tables_ptr + row * stride_bt
+    full_end = start + tl.maximum(tl.minimum(end, first_len) - start, 0) // BLOCK_N * BLOCK_N
     acc, l, m = attend_kv_range(
         acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_row, start, full_end, end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
@@ -83,13 +97,13 @@ def _paged_decode_attention_kernel(
     l = tl.where(nonempty, l, 1.0)
     o = acc / l[:, None]
     if NUM_SPLITS == 1:
-        o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + d[None, :]
+        o_ptrs = out_ptr + rows[:, None] * stride_os + heads[:, None] * stride_oh + d[None, :]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
-        part = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split  # [num_seqs, num_heads, NUM_SPLITS]
+        part = (rows * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split  # [num_seqs, num_heads, NUM_SPLITS]
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], o, mask=q_mask)
         lse = tl.where(nonempty, m + tl.log2(l), float("-inf"))
-        tl.store(part_lse_ptr + part, lse, mask=g < GROUP)
+        tl.store(part_lse_ptr + part, lse, mask=row_mask)
 
 
 @triton.jit
@@ -141,7 +155,8 @@ def _launch_config(device: torch.device, kv_fp8: bool) -> dict:
 def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None, row_groups: torch.Tensor | None = None,
+    max_group_rows: int = 1,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context, into `out` (None: a new tensor) of the
     query's shape [num_seqs, num_heads, head_dim], whose last dimension is contiguous.
@@ -150,6 +165,9 @@ def paged_decode_attention(
     num_splits: context slices per sequence (flash-decoding); None picks one from the batch shape and the block
     table width (max_blocks_per_seq * block_size bounds the context), never from seq_lens, so no host sync.
     k_scale, v_scale: the float32 scales of FP8 caches (kernels.kv_quant); None for caches in the query's dtype.
+    row_groups: int32 [num_seqs], for rows that are consecutive tokens of one sequence (the same block table row,
+    contexts one position apart, as a verification of proposals lays them out): how many rows (at most
+    max_group_rows) one program attends from the first of them, 0 for the others; None: every row alone.
     """
     kv_fp8 = check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
     num_seqs, num_heads, head_dim = query.shape
@@ -161,6 +179,11 @@ def paged_decode_attention(
         num_splits = _default_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits {num_splits} not in [1, {MAX_SPLITS}]")
+    if row_groups is None:
+        max_group_rows = 1
+    elif row_groups.dtype != torch.int32 or row_groups.shape != (num_seqs,) or max_group_rows < 1:
+        raise ValueError(f"row_groups must be int32 [{num_seqs}] with max_group_rows >= 1, got {row_groups.dtype} "
+                         f"{tuple(row_groups.shape)} and {max_group_rows}")
 
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
@@ -174,7 +197,7 @@ def paged_decode_attention(
     block_d = triton.next_power_of_2(head_dim)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
-        block_tables, seq_lens,
+        block_tables, seq_lens, seq_lens if row_groups is None else row_groups,
         out, part_out, part_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
@@ -182,8 +205,8 @@ def paged_decode_attention(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, ROWS=max_group_rows,
+        BLOCK_G=max(16, triton.next_power_of_2(max_group_rows * group)), BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
         **dependent_launch(query.device),
     )

@@ -88,3 +88,24 @@ def test_realistic(make_paged_kv, device, batch, max_context):
     seq_lens = torch.randint(1, max_context + 1, (batch,)).tolist()
     seq_lens[0] = max_context
     _run(make_paged_kv, device, seq_lens, 16, 8, 128, torch.bfloat16, num_splits=None)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+@pytest.mark.parametrize("group, max_group_rows", [(1, 4), (2, 4), (4, 2)])
+def test_rows_of_one_sequence_attended_together(make_paged_kv, device, num_splits, group, max_group_rows):
+    """A verification's rows: each request's newest token and proposals, one row each, contexts one position apart
+    through the same block table row; the rows of a request go to programs of at most max_group_rows."""
+    first_lens, num_rows = [16, 15, 47, 1, 33], [4, 1, 3, 2, 4]
+    key_cache, value_cache, tables, _ = make_paged_kv([n + r for n, r in zip(first_lens, num_rows)], 2, 64,
+                                                      torch.float32)
+    row_tables = tables.repeat_interleave(torch.tensor(num_rows, device=device), dim=0)
+    lens = torch.tensor([n + j for n, r in zip(first_lens, num_rows) for j in range(r)], dtype=torch.int32,
+                        device=device)
+    groups = [min(max_group_rows, r - j) if j % max_group_rows == 0 else 0 for r in num_rows for j in range(r)]
+    query = torch.randn(len(groups), 2 * group, 64, device=device)
+    scale = 64 ** -0.5
+    out = paged_decode_attention(query, key_cache, value_cache, row_tables, lens, scale, num_splits=num_splits,
+                                 row_groups=torch.tensor(groups, dtype=torch.int32, device=device),
+                                 max_group_rows=max_group_rows)
+    ref = paged_decode_attention_ref(query, key_cache, value_cache, row_tables, lens, scale)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])

@@ -39,6 +39,15 @@ def test_chunked_prefill_beside_decodes_matches_eager():
     assert graphs == _greedy_tokens(enforce_eager=True, max_num_batched_tokens=96)
 
 
+def test_ngram_verification_rows_attended_together_match_no_speculation():
+    """Random weights repeat themselves, so prompt lookup proposes often: each verification's rows of a request go
+    to one decode attention program (row groups) in the decode graphs and in the eager pass."""
+    speculation = dict(speculative_method="ngram", num_speculative_tokens=3, ngram_min=1, ngram_max=3)
+    graphs = _greedy_tokens(enforce_eager=False, **speculation)
+    assert graphs == _greedy_tokens(enforce_eager=True, **speculation)
+    assert graphs == _greedy_tokens(enforce_eager=False)
+
+
 def test_draft_model_passes_through_graphs_match_eager_and_no_speculation():
     speculation = dict(draft_model="Qwen3-0.6B", speculative_method="draft", num_speculative_tokens=3)
     graphs = _greedy_tokens(enforce_eager=False, **speculation)

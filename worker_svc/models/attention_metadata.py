@@ -2,6 +2,14 @@ from dataclasses import dataclass
 
 import torch
 
+QUERY_TILE_ROWS = 16  # the decode attention kernel's least tile of query rows (tl.dot's)
+
+
+def rows_per_program(num_heads: int, num_kv_heads: int) -> int:
+    """How many rows of one sequence (a verification's) one decode attention program attends together: as many as
+    their query heads of one KV head fill a tile of QUERY_TILE_ROWS."""
+    return max(1, QUERY_TILE_ROWS // (num_heads // num_kv_heads))
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -15,6 +23,10 @@ class AttentionMetadata:
     token_query_pos: torch.Tensor  # [num_tokens] int64: the token's index inside its sequence's chunk
     max_query_len: int
     max_seq_len: int
+    # int32 [num_seqs] for a decode step whose rows include consecutive tokens of one sequence: the rows (at most
+    # max_group_rows) that one attention program takes from each first of them, 0 for the others; None: one each
+    row_groups: torch.Tensor | None = None
+    max_group_rows: int = 1
 
     @property
     def num_seqs(self) -> int:

@@ -60,6 +60,7 @@ class TritonOps(TorchOps):
                   out=None) -> torch.Tensor:
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
-                                                  k_scale=k_scale, v_scale=v_scale, out=out)
+                                                  k_scale=k_scale, v_scale=v_scale, out=out,
+                                                  row_groups=meta.row_groups, max_group_rows=meta.max_group_rows)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
                                                meta.seq_lens, scale, k_scale, v_scale, out)

@@ -9,7 +9,7 @@ the host but their rows (`keep_first`, `move_rows`) and the blocks they were giv
 """
 import torch
 
-from worker_svc.models.attention_metadata import AttentionMetadata
+from worker_svc.models.attention_metadata import AttentionMetadata, rows_per_program
 
 
 def batch_size_ladder(max_batch_size: int) -> list[int]:
@@ -24,7 +24,9 @@ class DecodeGraphs:
         self.model = model
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
-        self.ops = model.layers[0].self_attn.ops
+        attention = model.layers[0].self_attn
+        self.ops = attention.ops
+        self.max_group_rows = rows_per_program(attention.num_heads, attention.num_kv_heads)
         self.block_size = kv_caches[0][0].shape[1]
         self.sizes = batch_size_ladder(max_batch_size)
         n = max_batch_size
@@ -36,6 +38,8 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.row_groups = torch.ones(n, dtype=torch.int32, device=device)  # a verification's rows of one sequence
+        self._grouped = False
         self.rows = torch.arange(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -48,7 +52,8 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[:batch_size], query_start_loc=self.query_start_loc[:batch_size + 1],
             seq_lens=self.seq_lens[:batch_size], block_tables=self.block_tables[:batch_size],
             token_seq_index=self.rows[:batch_size], token_query_pos=torch.zeros_like(self.rows[:batch_size]),
-            max_query_len=1, max_seq_len=max_seq_len or self.block_tables.shape[1] * self.block_size)
+            max_query_len=1, max_seq_len=max_seq_len or self.block_tables.shape[1] * self.block_size,
+            row_groups=self.row_groups[:batch_size], max_group_rows=self.max_group_rows)
 
     def _forward(self, batch_size: int, max_seq_len: int | None = None) -> torch.Tensor:
         self.ops.decode_step_inputs(self.next_positions[:batch_size], self.live[:batch_size],
@@ -72,13 +77,21 @@ class DecodeGraphs:
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
-    def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int) -> torch.Tensor:
-        """A step of n requests in rows 0..n-1. token_inputs: [2, n] int64 input ids and positions; block_tables:
-        [n, width] int32 (entries past a request's blocks, or past the longest context, are never read)."""
+    def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int,
+            row_groups: torch.Tensor | None = None) -> torch.Tensor:
+        """A step of n rows 0..n-1. token_inputs: [2, n] int64 input ids and positions; block_tables: [n, width]
+        int32 (entries past a request's blocks, or past the longest context, are never read); row_groups: int32 [n]
+        (AttentionMetadata's, of at most max_group_rows rows), None: each row alone."""
         n = token_inputs.shape[1]
         width = min(block_tables.shape[1], self.block_tables.shape[1])
         self.token_inputs[:, :n].copy_(token_inputs)
         self.block_tables[:n, :width].copy_(block_tables[:, :width])
+        if row_groups is not None:
+            self.row_groups[:n].copy_(row_groups)
+            self.row_groups[n:].fill_(1)
+        elif self._grouped:
+            self.row_groups.fill_(1)
+        self._grouped = row_groups is not None
         self.keep_first(n)
         return self.replay(max_seq_len)
 

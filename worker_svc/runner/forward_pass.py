@@ -25,7 +25,7 @@ class ForwardPass:
         """The logits at the tokens logits_indices names (None: at every token). token_inputs: [3, num_tokens] int64
         input ids, positions and KV slots, which meta describes."""
         if self.fits_decode_graph(meta):
-            logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len)
+            logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len, meta.row_groups)
             return logits if logits_indices is None else logits[logits_indices]
         return self.model.logits(*self.hidden_states(token_inputs, meta, logits_indices))
 

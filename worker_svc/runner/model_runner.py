@@ -6,6 +6,7 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
+from worker_svc.models.attention_metadata import rows_per_program
 from worker_svc.runner.batch_state import BatchState, RequestState
 from worker_svc.runner.decode_continuation import DecodeContinuation
 from worker_svc.runner.draft_proposer import DraftProposer
@@ -62,7 +63,9 @@ class ModelRunner:
         self.kv_caches = forward.kv_caches
         self.device = device
         self.batch = BatchState()
-        self.inputs = StepInputBuilder(block_size, device)
+        attention = forward.model.layers[0].self_attn
+        self.inputs = StepInputBuilder(block_size, device,
+                                       rows_per_program(attention.num_heads, attention.num_kv_heads))
         self.sampler = sampler
         self.drafter = drafter
         self._previous: SampledTokens | None = None

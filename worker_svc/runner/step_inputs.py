@@ -5,7 +5,8 @@ taken on the device from that step's sampled tokens, so a step never waits for t
 
 A step in which every request computes only its newest token and its proposals (speculative decoding) is laid out as
 a decode step of one row per token: row j of a request attends to its context up to that token, through the same
-block table. So it runs the decode attention kernel and replays a decode graph.
+block table. So it runs the decode attention kernel, which reads the context once for up to `rows_per_program` rows
+of a request (their row groups), and replays a decode graph.
 """
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -40,9 +41,10 @@ class SampledTokens:
 
 
 class StepInputBuilder:
-    def __init__(self, block_size: int, device: torch.device):
+    def __init__(self, block_size: int, device: torch.device, rows_per_program: int = 1):
         self.block_size = block_size
         self.device = device
+        self.rows_per_program = rows_per_program
         # two sets of host buffers, used in turn: a step fills one while the previous step's upload may be pending
         self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._uploaded: list[torch.cuda.Event | None] = [None, None]
@@ -82,8 +84,12 @@ class StepInputBuilder:
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         seq_lens = starts + lens
+        row_groups = None
         if proposals is not None and num_tokens > n and \
                 all(length == len(proposed) + 1 for length, proposed in zip(query_lens, proposals)):
+            per_program = self.rows_per_program
+            row_groups = np.where(query_pos % per_program == 0,
+                                  np.minimum(per_program, lens[seq_index] - query_pos), 0)
             tables, seq_lens = tables[seq_index], positions + 1
             n, seq_index, query_pos = num_tokens, np.arange(num_tokens), np.zeros(num_tokens, dtype=np.int64)
             query_start_loc, lens = np.arange(num_tokens + 1), np.ones(num_tokens, dtype=np.int64)
@@ -93,7 +99,8 @@ class StepInputBuilder:
             self._uploaded[self._turn].synchronize()
         longs = self._to_device(torch.int64, [np.stack([input_ids, positions, slots]), seq_index, query_pos,
                                               logits_indices, sampling_rows, unresolved, unresolved_rows])
-        ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel()])
+        ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel(),
+                                             () if row_groups is None else row_groups])
         if self.device.type == "cuda":
             self._uploaded[self._turn] = torch.cuda.Event()
             self._uploaded[self._turn].record(self._stream)
@@ -101,11 +108,12 @@ class StepInputBuilder:
         token_inputs_t = token_inputs_t.view(3, num_tokens)
         if unresolved.size:
             token_inputs_t[0].index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
-        query_start_loc_t, seq_lens_t, tables_t = ints
+        query_start_loc_t, seq_lens_t, tables_t, row_groups_t = ints
         meta = AttentionMetadata(
             slot_mapping=token_inputs_t[2], query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
             block_tables=tables_t.view(n, max_blocks), token_seq_index=seq_index_t, token_query_pos=query_pos_t,
-            max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
+            max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()),
+            row_groups=None if row_groups is None else row_groups_t, max_group_rows=self.rows_per_program)
         return StepInputs(token_inputs_t, meta, logits_t, rows_t)
 
     def _to_device(self, dtype: torch.dtype, arrays: list) -> list[torch.Tensor]:
