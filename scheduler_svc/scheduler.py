@@ -226,7 +226,7 @@ class Scheduler:
         A request that ends offers the blocks its accepted proposals filled to the prefix cache first."""
         for num_taken, token_id in enumerate(token_ids, 1):
             request.append_output_token(token_id)
-            reason = FinishReason.STOP if grammar_completed \
+            reason = FinishReason.STOP if grammar_completed and num_taken == len(token_ids) \
                 else check_stop(request, self.eos_token_ids, self.config.max_model_len)
             if reason is not None:
                 if num_taken > 1:

@@ -63,7 +63,8 @@ class StepOutcome:
     sampled_token_ids: dict[str, int]  # request id -> sampled token, only for requests that reached their last token
     logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the sampled token, where asked
     prompt_logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the prompt tokens this step predicted
-    grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete
+    grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete (at
+    # the request's last token of the step)
     grammar_errors: dict[str, str] = field(default_factory=dict)  # request id -> why its constraint cannot go on
     # request id -> the leading proposals it accepted, which come before its sampled token (a request with proposals)
     accepted_token_ids: dict[str, list[int]] = field(default_factory=dict)

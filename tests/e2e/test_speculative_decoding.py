@@ -2,7 +2,8 @@
 drafting for itself, which is nearly always right, and a random two-layer draft of its vocabulary, which nearly never
 is): greedy output is Hugging Face's token for token (as without speculation, see test_greedy_matches_hf), one
 request alone and several at once in a KV pool small enough to force preemptions, and n = 2; a seeded sampled
-request draws the same tokens again; a stop string inside a step's accepted tokens cuts the text there; the scheduler
+request draws the same tokens again; proposals the grammar of a structured-output request rejects are rejected;
+a stop string inside a step's accepted tokens cuts the text there; the scheduler
 reports what was proposed and what was accepted, in GetLoad and in the vllm:spec_decode_* series. One service stack
 per method and draft model."""
 import urllib.request
@@ -11,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.hf_reference import hf_constrained_greedy, hf_greedy
 from tests.e2e.services import running_services
 
 pytestmark = pytest.mark.slow
@@ -24,6 +25,7 @@ SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 6 request
 PARAGRAPH = ("The river rises in the northern hills, runs south through three market towns, and meets the sea at a "
              "wide, shallow bay where herons feed at low tide.")
 QUOTING = f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH}\nRepeated: The river rises"
+LOWERCASE_WORDS = "[a-z ]+"  # the paragraph's comma, which both methods propose, is not allowed
 SHORT_QUOTES = [f"Say it twice: {fact}. Again: {fact.split()[0]}" for fact in (
     "red apples fall", "the sun is warm", "cats like milk", "rain makes mud", "bees make honey", "owls hunt at night")]
 
@@ -113,3 +115,34 @@ def test_acceptance_series_in_metrics(speculating, prompts):
                           if key.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and
                           'position="0"' in key)
     assert first_position == load.num_accepted_tokens_per_position[0] > 0
+
+
+def test_structured_output_rejects_the_proposals_its_grammar_does_not_allow(speculating, prompts, expected, hf_model,
+                                                                           hf_tokenizer):
+    """The paragraph goes on with a comma after "hills": ngram proposes it from the prompt, SmolLM2 drafting for
+    itself predicts it, and the grammar allows none; the output is Hugging Face's greedy choice under the grammar's
+    masks, token for token, with the proposals before the comma accepted."""
+    comma = hf_tokenizer(",", add_special_tokens=False).input_ids[0]
+    assert comma in expected[0]
+    reference = hf_constrained_greedy(hf_model, hf_tokenizer, LOWERCASE_WORDS, prompts[0], 24)
+    assert comma not in reference and reference[:expected[0].index(comma)] == expected[0][:expected[0].index(comma)]
+    before = speculating.load()
+    result = speculating.client.generate(_request(prompts[0], 24, regex=LOWERCASE_WORDS))
+    assert result.token_ids == reference
+    after = speculating.wait_until_idle()
+    assert after.num_accepted_tokens - before.num_accepted_tokens >= 3
+    assert after.num_draft_tokens - before.num_draft_tokens > after.num_accepted_tokens - before.num_accepted_tokens
+    assert after.num_free_blocks == after.num_total_blocks
+
+
+def test_a_grammar_that_accepted_proposals_complete_ends_the_output_there(speculating, prompts, hf_model,
+                                                                          hf_tokenizer):
+    """The grammar admits only the paragraph's next words, which the proposals carry: the step that accepts them
+    completes the grammar, and the output ends at its last word, as without speculation."""
+    words = " in the northern hills"
+    reference = hf_constrained_greedy(hf_model, hf_tokenizer, words, prompts[0], 24)
+    assert hf_tokenizer.decode(reference) == words
+    before = speculating.load()
+    result = speculating.client.generate(_request(prompts[0], 24, regex=words))
+    assert (result.token_ids, result.finish_reason) == (reference, "stop")
+    assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 2

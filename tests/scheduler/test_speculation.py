@@ -150,7 +150,7 @@ def test_requests_that_cannot_speculate_get_no_proposals(speculation):
     scheduler = make_scheduler(num_blocks=64, block_size=4, **speculation)
     worker = _worker()
     for request_id, params in {"penalised": dict(presence_penalty=0.5), "logprobs": dict(logprobs=1),
-                               "bad_words": dict(bad_words_token_ids=[[4]]), "regex": dict(regex="a+")}.items():
+                               "bad_words": dict(bad_words_token_ids=[[4]])}.items():
         scheduler.add_request(make_request(request_id, _prompt(20), max_tokens=20, **params))
     proposed = set()
     while scheduler.has_unfinished_requests():
@@ -229,3 +229,11 @@ def test_draft_steps_reserve_slots_without_tokens_and_release_the_rejected_ones(
     assert num_draft_steps == load.num_drafts > 0 and num_released > 0
     assert load.num_draft_tokens > load.num_accepted_tokens > 0
     assert scheduler.block_manager.num_used_blocks == 0
+
+
+@each_method
+def test_structured_output_requests_get_proposals(speculation):
+    """The worker masks each verification row as its grammar stands after the proposals before it, so constrained
+    requests speculate as others do."""
+    outputs, _, scheduler = _run([make_request("regex", _prompt(20), max_tokens=20, regex="a+")], **speculation)
+    assert len(outputs["regex"]) == 20 and scheduler.get_load().num_draft_tokens > 0

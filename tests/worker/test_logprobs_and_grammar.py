@@ -10,6 +10,7 @@ from worker_svc.runner.model_runner import PROMPT_LOGPROB_ROWS
 from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 BLOCK_SIZE = 16
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
 def test_prompt_logprobs_through_chunked_prefill_match_hf(default_model_dir, hf_model, hf_tokenizer):
@@ -70,9 +71,41 @@ def test_grammar_mask_allows_only_the_choices_and_completes(default_model_dir, h
     assert first_tokens and all("Paris".startswith(text) or "Rome".startswith(text) for text in first_tokens)
     *head, last = hf_tokenizer("Rome", add_special_tokens=False).input_ids
     for token_id in head:
-        assert matchers.advance(["free", "city"], [5, token_id]) == []
+        assert matchers.advance(["free", "city"], [5, token_id], {}) == {}
     assert matchers.allowed_tokens(["city"])[0, last]
-    assert matchers.advance(["free", "city"], [5, last]) == ["city"]  # nothing can follow: complete at once
+    assert matchers.advance(["free", "city"], [5, last], {}) == {"city": 1}  # nothing can follow: complete at once
+
+
+def test_rows_with_proposals_are_masked_as_after_each_proposal(default_model_dir, hf_tokenizer):
+    """A request's row j (speculative decoding) has the mask its grammar gives after the first j proposals, as a
+    matcher that consumed them computes it; rows after a proposal the grammar rejects allow everything (acceptance
+    ends at that proposal); accepted proposals and the sampled token advance the matcher."""
+    vocab = len(hf_tokenizer)
+    tokenizer = load_llguidance_tokenizer(default_model_dir, vocab, (hf_tokenizer.eos_token_id,))
+
+    def matchers_after(output_ids: list[int]) -> GrammarMatchers:
+        matchers = GrammarMatchers(lambda: tokenizer, vocab, torch.device("cpu"))
+        matchers.add("free", SamplingParams(), [])
+        matchers.add("phone", SamplingParams(regex=PHONE), output_ids)
+        return matchers
+
+    ids = hf_tokenizer("(555) 12x", add_special_tokens=False).input_ids
+    valid = ids[:-1]
+    assert hf_tokenizer.decode(ids[-1:]) == "x" and len(valid) >= 4
+    speculating = matchers_after([])
+    allowed = speculating.allowed_tokens(["free"] + ["phone"] * (len(ids) + 1), {"phone": ids})
+    assert allowed[0].all()
+    for j in range(len(valid) + 1):
+        assert torch.equal(allowed[1 + j], matchers_after(valid[:j]).allowed_tokens(["phone"])[0]), j
+    assert not allowed[len(valid)][ids[-1]] and allowed[len(ids) + 1].all()
+    sampled = allowed[3].nonzero().flatten()[0].item()
+    assert speculating.advance(["free", "phone"], [5, sampled], {"phone": valid[:2]}) == {}
+    assert torch.equal(speculating.allowed_tokens(["phone"]),
+                       matchers_after([*valid[:2], sampled]).allowed_tokens(["phone"]))
+    assert speculating.take_errors() == {}
+    *head, last = hf_tokenizer("Rome", add_special_tokens=False).input_ids
+    speculating.add("city", SamplingParams(choice=["Paris", "Rome"]), [])
+    assert speculating.advance(["city"], [5], {"city": [*head, last, 7]}) == {"city": len(head) + 1}
 
 
 def test_grammar_that_no_token_continues_is_dropped_and_reported(default_model_dir, hf_tokenizer):
@@ -86,7 +119,7 @@ def test_grammar_that_no_token_continues_is_dropped_and_reported(default_model_d
     (a,) = hf_tokenizer("a", add_special_tokens=False).input_ids
     assert matchers.allowed_tokens(["stuck", "city"])[0].nonzero().flatten().tolist() == [a]
     assert matchers.take_errors() == {}
-    matchers.advance(["stuck", "city"], [a, hf_tokenizer("Rome", add_special_tokens=False).input_ids[0]])
+    matchers.advance(["stuck", "city"], [a, hf_tokenizer("Rome", add_special_tokens=False).input_ids[0]], {})
     allowed = matchers.allowed_tokens(["stuck", "city"])
     assert matchers.take_errors() == {"stuck": "no text the model's tokens can spell satisfies it"}
     assert matchers.take_errors() == {}

@@ -68,7 +68,7 @@ class StepSampler:
             spec = ProposalRows.of_drafts(request_ids, drafts, self.rows.device)
         row_ids = request_ids if spec is None else spec.row_request_ids
         tensors = self.rows.gather(row_ids, rows if spec is None else rows[spec.row_request])
-        grammar_allowed = self.grammars.allowed_tokens(row_ids)
+        grammar_allowed = self._grammar_allowed(row_ids, spec_token_ids, drafts)
         if grammar_allowed is not None:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
         num_accepted = None
@@ -84,16 +84,30 @@ class StepSampler:
     def finish(self, sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
         """The host side once the sampled tokens (`token_ids`, in sample order) and, with proposals, how many of
         them each request accepted have arrived."""
-        completed = self.grammars.advance(sample.request_ids, token_ids)
-        result = SampleResult(dict(zip(sample.request_ids, token_ids)), grammar_completed_request_ids=completed,
-                              grammar_errors=self.grammars.take_errors())
         proposals = sample.spec_token_ids
-        result.accepted_token_ids = {request_id: proposals[request_id][:count]
-                                     for request_id, count in zip(sample.request_ids, num_accepted)
-                                     if request_id in proposals}
+        accepted = {request_id: proposals[request_id][:count]
+                    for request_id, count in zip(sample.request_ids, num_accepted) if request_id in proposals}
+        sampled = dict(zip(sample.request_ids, token_ids))
+        completed = self.grammars.advance(sample.request_ids, token_ids, accepted)
+        for request_id, num_taken in completed.items():  # tokens past a grammar's end are not taken
+            taken = [*accepted.get(request_id, ()), sampled[request_id]][:num_taken]
+            if request_id in accepted:
+                accepted[request_id], sampled[request_id] = taken[:-1], taken[-1]
+        result = SampleResult(sampled, grammar_completed_request_ids=list(completed),
+                              grammar_errors=self.grammars.take_errors(), accepted_token_ids=accepted)
         if sample.logprobs is not None:
             result.logprobs = sample.logprobs.rows()
         return result
+
+    def _grammar_allowed(self, row_ids: list[str], spec_token_ids: dict[str, list[int]] | None,
+                         drafts: Drafts | None) -> torch.Tensor | None:
+        """The grammars' masks of the step's rows, each row's after the proposals before it: a draft model's are
+        read back from the device for that (a constrained step waits for its drafts)."""
+        if not self.grammars.active:
+            return None
+        if drafts is not None and self.grammars.constrains(drafts.request_ids):
+            spec_token_ids = drafts.on_host(drafts.token_ids.flatten().tolist())
+        return self.grammars.allowed_tokens(row_ids, spec_token_ids)
 
     def _logprobs(self, logits: torch.Tensor, request_ids: list[str], token_ids: torch.Tensor,
                   first_rows: list[int] | None) -> LogprobTensors | None:

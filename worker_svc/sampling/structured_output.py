@@ -65,30 +65,51 @@ class GrammarMatchers:
         """Some live request is constrained."""
         return bool(self._matchers)
 
-    def allowed_tokens(self, request_ids: list[str]) -> torch.Tensor | None:
-        """[batch, vocab] bool: the tokens each request's grammar allows next (all on unconstrained rows), or None
-        when no request of the batch is constrained."""
-        rows = {r: (self._matchers[r], i) for i, r in enumerate(request_ids) if r in self._matchers}
-        if not rows:
+    def constrains(self, request_ids: list[str]) -> bool:
+        return any(request_id in self._matchers for request_id in request_ids)
+
+    def allowed_tokens(self, row_request_ids: list[str],
+                       proposals: dict[str, list[int]] | None = None) -> torch.Tensor | None:
+        """[rows, vocab] bool: the tokens each row's grammar allows next (all on unconstrained rows), or None when no
+        row is constrained. A request's rows are consecutive; with proposals, its first row is its next token's and
+        row j follows its first j proposals (all tokens after a proposal the grammar rejects: acceptance ends there)."""
+        first_rows: dict[str, int] = {}
+        for row, request_id in enumerate(row_request_ids):
+            first_rows.setdefault(request_id, row)
+        proposals = proposals or {}
+        constrained = [(request_id, row) for request_id, row in first_rows.items() if request_id in self._matchers]
+        if not constrained:
             return None
-        bitmask = llguidance.numpy.allocate_token_bitmask(len(request_ids), self.vocab_size)
-        llguidance.numpy.fill_next_token_bitmask_par(self._executor, list(rows.values()), bitmask)
-        for request_id, (matcher, _) in rows.items():
-            self._drop_if_failed(request_id, matcher)  # a mask without a token that continues fails the matcher
+        bitmask = llguidance.numpy.allocate_token_bitmask(len(row_request_ids), self.vocab_size)
+        proposing = [(self._matchers[r], row, proposals[r]) for r, row in constrained if proposals.get(r)]
+        if proposing:
+            llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._executor, proposing, bitmask)
+        if len(proposing) < len(constrained):
+            llguidance.numpy.fill_next_token_bitmask_par(
+                self._executor, [(self._matchers[r], row) for r, row in constrained if not proposals.get(r)], bitmask)
+        for request_id, _ in constrained:  # a mask without a token that continues fails the matcher
+            self._drop_if_failed(request_id, self._matchers[request_id])
         words = torch.from_numpy(bitmask).to(self.device)
-        bits = (words.unsqueeze(-1) >> self._bit_positions) & 1  # [batch, words, 32]
+        bits = (words.unsqueeze(-1) >> self._bit_positions) & 1  # [rows, words, 32]
         return bits.flatten(1)[:, :self.vocab_size].bool()
 
-    def advance(self, request_ids: list[str], token_ids: list[int]) -> list[str]:
-        """Feeds each constrained request its sampled token; returns those whose grammar is now complete."""
-        completed = []
+    def advance(self, request_ids: list[str], token_ids: list[int],
+                accepted_token_ids: dict[str, list[int]]) -> dict[str, int]:
+        """Feeds each constrained request its accepted proposals, then its sampled token, up to the token that
+        completes its grammar; returns the requests whose grammar is now complete, each with how many of those
+        tokens it took."""
+        completed = {}
         for request_id, token_id in zip(request_ids, token_ids):
             matcher = self._matchers.get(request_id)
             if matcher is None:
                 continue
-            matcher.consume_token(token_id)
-            if not self._drop_if_failed(request_id, matcher) and matcher.is_stopped():
-                completed.append(request_id)
+            for num_taken, token in enumerate([*accepted_token_ids.get(request_id, ()), token_id], 1):
+                matcher.consume_token(token)
+                if self._drop_if_failed(request_id, matcher):
+                    break
+                if matcher.is_stopped():
+                    completed[request_id] = num_taken
+                    break
         return completed
 
     def _drop_if_failed(self, request_id: str, matcher: llguidance.LLMatcher) -> bool:
