@@ -212,7 +212,10 @@ class Scheduler:
                 continue
             request.num_output_placeholders -= 1
             new_token_ids = self._append_until_stop(request, [*accepted, token_id], request_id in grammar_completed)
-            updates.append(self._update(request, new_token_ids, logprobs.get(request_id), prompt_logprobs))
+            token_logprobs = logprobs.get(request_id)
+            if token_logprobs is not None:  # with proposals, rows past the first rejected one come too
+                token_logprobs = token_logprobs.slice(0, len(new_token_ids))
+            updates.append(self._update(request, new_token_ids, token_logprobs, prompt_logprobs))
         return updates
 
     def _drop_rejected(self, request: Request, num_proposed: int, num_accepted: int) -> None:

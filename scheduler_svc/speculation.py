@@ -51,12 +51,12 @@ class Speculation:
     @staticmethod
     def applies_to(request: Request) -> bool:
         """Proposals are verified with the request's sampling as it stands before the step, so requests whose
-        next-token distribution moves with each token (penalties, bad words, min_tokens still ahead) or that want
-        logprobs get none. Structured output does get them: the worker masks each row as its grammar stands after
-        the proposals before it."""
+        next-token distribution moves with each token (penalties, bad words, min_tokens still ahead) get none.
+        Structured output does get them (the worker masks each row as its grammar stands after the proposals before
+        it), and so do logprobs (of every row the request takes)."""
         params = request.sampling_params
         return (not params.has_penalties and not params.bad_words_token_ids
-                and params.logprobs is None and request.num_output_tokens >= params.min_tokens)
+                and request.num_output_tokens >= params.min_tokens)
 
     def holds_back(self, request: Request) -> bool:
         """Whether the request waits for its step in flight: until the worker says how many of that step's

@@ -61,7 +61,9 @@ class StepPlan:
 class StepOutcome:
     step_id: int
     sampled_token_ids: dict[str, int]  # request id -> sampled token, only for requests that reached their last token
-    logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the sampled token, where asked
+    # where asked: of the sampled token; with proposals, of each verified row (the accepted ones' and the sampled
+    # token's first)
+    logprobs: LogprobRows = field(default_factory=LogprobRows)
     prompt_logprobs: LogprobRows = field(default_factory=LogprobRows)  # of the prompt tokens this step predicted
     grammar_completed_request_ids: list[str] = field(default_factory=list)  # structured output complete (at
     # the request's last token of the step)

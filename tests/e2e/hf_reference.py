@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 
@@ -32,3 +33,27 @@ def hf_constrained_greedy(model, tokenizer, regex: str, prompt_ids: list[int], m
             if token_id == tokenizer.eos_token_id or matcher.is_stopped():
                 break
     return output
+
+
+def assert_logprobs_match_hf(result, prompt_ids: list[int], num_top: int, num_prompt_top: int | None, hf_model,
+                             hf_tokenizer) -> None:
+    """Each logprob of the result (prompt and output) is Hugging Face's float32 log-softmax at its position, with
+    its rank, text and top alternatives; greedy tokens rank first."""
+    all_ids = prompt_ids + list(result.token_ids)
+    with torch.inference_mode():
+        reference = hf_model(torch.tensor([all_ids])).logits[0].log_softmax(-1)
+    prompt_entries = list(result.prompt_logprobs)
+    assert len(prompt_entries) == (0 if num_prompt_top is None else len(prompt_ids) - 1)
+    assert len(result.logprobs) == len(result.token_ids)
+    first = 0 if prompt_entries else len(prompt_ids) - 1
+    for position, entry in enumerate(prompt_entries + list(result.logprobs), start=first):
+        expected = reference[position]
+        assert entry.token_id == all_ids[position + 1]
+        assert entry.token == hf_tokenizer.decode([entry.token_id])
+        assert entry.logprob == pytest.approx(expected[entry.token_id].item(), abs=1e-3)
+        assert entry.rank == int((expected > expected[entry.token_id]).sum()) + 1
+        assert len(entry.top) == (num_top if position >= len(prompt_ids) - 1 else num_prompt_top)
+        top_values, top_ids = expected.topk(len(entry.top))
+        assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
+        assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-3)
+    assert all(entry.rank == 1 for entry in result.logprobs)

@@ -10,7 +10,7 @@ import torch
 
 from sluice.client import chat_request, sampling_params, text_request
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_greedy
 
 PERSON_SCHEMA = {
     "type": "object",
@@ -118,34 +118,12 @@ def test_seeded_request_is_the_same_alone_and_in_a_crowd(services):
     assert in_crowd.token_ids == alone.token_ids
 
 
-def _assert_logprobs_match_hf(result, prompt_ids: list[int], num_top: int, num_prompt_top: int | None, hf_model,
-                              hf_tokenizer) -> None:
-    all_ids = prompt_ids + list(result.token_ids)
-    with torch.inference_mode():
-        reference = hf_model(torch.tensor([all_ids])).logits[0].log_softmax(-1)
-    prompt_entries = list(result.prompt_logprobs)
-    assert len(prompt_entries) == (0 if num_prompt_top is None else len(prompt_ids) - 1)
-    assert len(result.logprobs) == len(result.token_ids)
-    first = 0 if prompt_entries else len(prompt_ids) - 1
-    for position, entry in enumerate(prompt_entries + list(result.logprobs), start=first):
-        expected = reference[position]
-        assert entry.token_id == all_ids[position + 1]
-        assert entry.token == hf_tokenizer.decode([entry.token_id])
-        assert entry.logprob == pytest.approx(expected[entry.token_id].item(), abs=1e-3)
-        assert entry.rank == int((expected > expected[entry.token_id]).sum()) + 1
-        assert len(entry.top) == (num_top if position >= len(prompt_ids) - 1 else num_prompt_top)
-        top_values, top_ids = expected.topk(len(entry.top))
-        assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
-        assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-3)
-    assert all(entry.rank == 1 for entry in result.logprobs)
-
-
 def test_logprobs_and_prompt_logprobs_match_hf(services, hf_model, hf_tokenizer):
     prompt_ids = hf_tokenizer("The capital of France is").input_ids
     result = services.client.generate(_tokens_request(prompt_ids, temperature=0.0, max_tokens=5, logprobs=3,
                                                       prompt_logprobs=2))
     assert len(result.logprobs) == 5
-    _assert_logprobs_match_hf(result, prompt_ids, 3, 2, hf_model, hf_tokenizer)
+    assert_logprobs_match_hf(result, prompt_ids, 3, 2, hf_model, hf_tokenizer)
 
 
 def test_concurrent_requests_each_get_their_own_logprobs(services, hf_model, hf_tokenizer):
@@ -158,7 +136,7 @@ def test_concurrent_requests_each_get_their_own_logprobs(services, hf_model, hf_
                                 **({} if num_prompt_top is None else {"prompt_logprobs": num_prompt_top}))
                 for i, (prompt_ids, (_, num_top, num_prompt_top)) in enumerate(zip(prompts, asks))]
     for result, prompt_ids, (_, num_top, num_prompt_top) in zip(_all(services, requests), prompts, asks):
-        _assert_logprobs_match_hf(result, prompt_ids, num_top, num_prompt_top, hf_model, hf_tokenizer)
+        assert_logprobs_match_hf(result, prompt_ids, num_top, num_prompt_top, hf_model, hf_tokenizer)
 
 
 def test_greedy_repetition_penalty_and_min_tokens_match_hf(services, hf_model, hf_tokenizer):

@@ -3,6 +3,7 @@ drafting for itself, which is nearly always right, and a random two-layer draft 
 is): greedy output is Hugging Face's token for token (as without speculation, see test_greedy_matches_hf), one
 request alone and several at once in a KV pool small enough to force preemptions, and n = 2; a seeded sampled
 request draws the same tokens again; proposals the grammar of a structured-output request rejects are rejected;
+every token taken in a verification comes with Hugging Face's logprobs;
 a stop string inside a step's accepted tokens cuts the text there; the scheduler
 reports what was proposed and what was accepted, in GetLoad and in the vllm:spec_decode_* series. One service stack
 per method and draft model."""
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_constrained_greedy, hf_greedy
+from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_constrained_greedy, hf_greedy
 from tests.e2e.services import running_services
 
 pytestmark = pytest.mark.slow
@@ -143,6 +144,16 @@ def test_a_grammar_that_accepted_proposals_complete_ends_the_output_there(specul
     reference = hf_constrained_greedy(hf_model, hf_tokenizer, words, prompts[0], 24)
     assert hf_tokenizer.decode(reference) == words
     before = speculating.load()
-    result = speculating.client.generate(_request(prompts[0], 24, regex=words))
+    result = speculating.client.generate(_request(prompts[0], 24, regex=words, logprobs=1))
     assert (result.token_ids, result.finish_reason) == (reference, "stop")
+    assert [entry.token_id for entry in result.logprobs] == reference
     assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 2
+
+
+def test_logprobs_of_accepted_proposals_and_the_token_after_match_hf(speculating, prompts, expected, hf_model,
+                                                                     hf_tokenizer):
+    before = speculating.load()
+    result = speculating.client.generate(_request(prompts[0], 24, logprobs=3))
+    assert list(result.token_ids) == expected[0]
+    assert_logprobs_match_hf(result, prompts[0], 3, None, hf_model, hf_tokenizer)
+    assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 12

@@ -149,8 +149,8 @@ def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact(spec
 def test_requests_that_cannot_speculate_get_no_proposals(speculation):
     scheduler = make_scheduler(num_blocks=64, block_size=4, **speculation)
     worker = _worker()
-    for request_id, params in {"penalised": dict(presence_penalty=0.5), "logprobs": dict(logprobs=1),
-                               "bad_words": dict(bad_words_token_ids=[[4]])}.items():
+    for request_id, params in {"penalised": dict(presence_penalty=0.5), "bad_words": dict(bad_words_token_ids=[[4]]),
+                               "min_tokens": dict(min_tokens=19)}.items():
         scheduler.add_request(make_request(request_id, _prompt(20), max_tokens=20, **params))
     proposed = set()
     while scheduler.has_unfinished_requests():
@@ -232,8 +232,9 @@ def test_draft_steps_reserve_slots_without_tokens_and_release_the_rejected_ones(
 
 
 @each_method
-def test_structured_output_requests_get_proposals(speculation):
-    """The worker masks each verification row as its grammar stands after the proposals before it, so constrained
-    requests speculate as others do."""
-    outputs, _, scheduler = _run([make_request("regex", _prompt(20), max_tokens=20, regex="a+")], **speculation)
-    assert len(outputs["regex"]) == 20 and scheduler.get_load().num_draft_tokens > 0
+@pytest.mark.parametrize("params", [dict(regex="a+"), dict(logprobs=2)], ids=["regex", "logprobs"])
+def test_structured_output_and_logprobs_requests_get_proposals(speculation, params):
+    """The worker masks each verification row as its grammar stands after the proposals before it, and reports the
+    logprobs of every token a request takes, so these requests speculate as others do."""
+    outputs, _, scheduler = _run([make_request("r", _prompt(20), max_tokens=20, **params)], **speculation)
+    assert len(outputs["r"]) == 20 and scheduler.get_load().num_draft_tokens > 0

@@ -93,8 +93,9 @@ def test_greedy_rows_accept_while_the_argmax_agrees_and_then_emit_it():
     """Two requests: "a" proposes [1, 7, 1] (the argmax is 1, then 7 is wrong), "b" nothing."""
     rows = ProposalRows.of(["a", "b"], {"a": [1, 7, 1]}, torch.device("cpu"))
     assert rows.row_request_ids == ["a"] * 4 + ["b"] and rows.first_rows == [0, 4]
-    token_ids, num_accepted = verify_rows(LOGITS.repeat(5, 1), SamplingTensors(), rows)
+    token_ids, num_accepted, row_tokens = verify_rows(LOGITS.repeat(5, 1), SamplingTensors(), rows)
     assert num_accepted.tolist() == [1, 0] and token_ids.tolist() == [1, 1]
+    assert row_tokens.tolist() == [1, 1, 1, 1, 1]  # the accepted proposal, then the argmax on every other row
 
 
 def test_draft_rows_place_each_requests_proposals_before_its_last_row():
@@ -103,5 +104,5 @@ def test_draft_rows_place_each_requests_proposals_before_its_last_row():
     rows = ProposalRows.of_drafts(["a", "b", "c"], drafts, torch.device("cpu"))
     assert rows.row_request_ids == ["a", "a", "a", "b", "c", "c"] and rows.first_rows == [0, 3, 4]
     assert rows.proposals.tolist() == [1, 5, NO_PROPOSAL, NO_PROPOSAL, 1, NO_PROPOSAL]
-    token_ids, num_accepted = verify_rows(LOGITS.repeat(6, 1), SamplingTensors(), rows)
+    token_ids, num_accepted, _ = verify_rows(LOGITS.repeat(6, 1), SamplingTensors(), rows)
     assert num_accepted.tolist() == [1, 0, 1] and token_ids.tolist() == [1, 1, 1]

@@ -157,10 +157,11 @@ def _layout(request_ids: list[str], counts: dict[str, int]) -> tuple[list[str], 
 
 
 def verify_rows(logits: torch.Tensor, tensors: SamplingTensors,
-                rows: ProposalRows) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per request: the token sampled after its accepted proposals, and how many it accepted."""
+                rows: ProposalRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per request: the token sampled after its accepted proposals, and how many it accepted; and each row's token
+    (its proposal where accepted)."""
     if tensors.draws is not None:
         tensors.draws.output_positions = tensors.draws.output_positions + rows.offsets
     row_tokens, accepted = verify(logits, tensors, rows.proposals, rows.draft_probs)
     num_accepted = leading_accepted(accepted, rows.row_request, rows.first_rows_t)
-    return row_tokens[rows.first_rows_t + num_accepted], num_accepted
+    return row_tokens[rows.first_rows_t + num_accepted], num_accepted, row_tokens

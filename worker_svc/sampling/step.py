@@ -73,12 +73,12 @@ class StepSampler:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
         num_accepted = None
         if spec is None:
-            token_ids = sample_tokens(logits, tensors)
+            token_ids = row_tokens = sample_tokens(logits, tensors)
         else:
-            token_ids, num_accepted = verify_rows(logits, tensors, spec)
+            token_ids, num_accepted, row_tokens = verify_rows(logits, tensors, spec)
             self.rows.count_accepted(rows, num_accepted)
         self.rows.record(rows, token_ids)
-        logprobs = self._logprobs(logits, request_ids, token_ids, None if spec is None else spec.first_rows)
+        logprobs = self._logprobs(logits, request_ids, row_tokens, spec)
         return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted, drafts)
 
     def finish(self, sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
@@ -109,26 +109,34 @@ class StepSampler:
             spec_token_ids = drafts.on_host(drafts.token_ids.flatten().tolist())
         return self.grammars.allowed_tokens(row_ids, spec_token_ids)
 
-    def _logprobs(self, logits: torch.Tensor, request_ids: list[str], token_ids: torch.Tensor,
-                  first_rows: list[int] | None) -> LogprobTensors | None:
-        """Of the rows that asked: straight from the logits when every row did and none verified proposals, else
-        from a copy of those rows (first_rows: each request's row of logits, with proposals)."""
+    def _logprobs(self, logits: torch.Tensor, request_ids: list[str], row_tokens: torch.Tensor,
+                  spec: ProposalRows | None) -> LogprobTensors | None:
+        """Of the rows of the requests that asked (with proposals, all k + 1 of a request's rows: its accepted
+        proposals' and its sampled token's come first), straight from the logits when those are all the rows, else
+        from a copy of them. row_tokens: each row's token."""
         if not self.rows.num_logprob_rows:
             return None
-        asked = [(i, request_id, self.rows.params(request_id).logprobs) for i, request_id in enumerate(request_ids)]
-        asked = [(i, request_id, num_top) for i, request_id, num_top in asked if num_top is not None]
-        if not asked:
+        if spec is None:
+            row_spans = [(i, 1) for i in range(len(request_ids))]
+        else:
+            ends = [*spec.first_rows[1:], len(spec.row_request_ids)]
+            row_spans = [(first, end - first) for first, end in zip(spec.first_rows, ends)]
+        groups, logit_rows = [], []
+        for request_id, (first, num_rows) in zip(request_ids, row_spans):
+            num_top = self.rows.params(request_id).logprobs
+            if num_top is not None:
+                groups.append((request_id, num_rows, num_top))
+                logit_rows += range(first, first + num_rows)
+        if not groups:
             return None
-        groups = [(request_id, 1, num_top) for _, request_id, num_top in asked]
-        num_top = max(num_top for _, _, num_top in asked)
-        if len(asked) == len(request_ids) and first_rows is None:
-            return token_logprobs(logits, token_ids, groups, num_top)
-        requests = [i for i, _, _ in asked]
-        logit_rows = requests if first_rows is None else [first_rows[i] for i in requests]
-        return token_logprobs(logits[upload(logit_rows, torch.int64, logits.device)],
-                              token_ids[upload(requests, torch.int64, logits.device)], groups, num_top)
+        num_top = max(num_top for _, _, num_top in groups)
+        if len(logit_rows) == logits.shape[0]:
+            return token_logprobs(logits, row_tokens, groups, num_top)
+        index = upload(logit_rows, torch.int64, logits.device)
+        return token_logprobs(logits[index], row_tokens[index], groups, num_top)
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, targets: list[int], num_top: int) -> LogprobTensors | None:
         """The logprobs of the prompt tokens `targets` that the rows of `logits` predict, in no group yet."""
         return token_logprobs(logits, upload(targets, torch.int64, logits.device), [], num_top)
+
