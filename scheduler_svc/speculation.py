@@ -48,15 +48,16 @@ class Speculation:
         self._verifying: set[str] = set()  # requests with proposals in a step in flight
         self._misses: dict[str, _Misses] = {}
 
-    @staticmethod
-    def applies_to(request: Request) -> bool:
+    def applies_to(self, request: Request) -> bool:
         """Proposals are verified with the request's sampling as it stands before the step, so requests whose
-        next-token distribution moves with each token (penalties, bad words, min_tokens still ahead) get none.
-        Structured output does get them (the worker masks each row as its grammar stands after the proposals before
-        it), and so do logprobs (of every row the request takes)."""
+        next-token distribution moves with each token in ways the rows do not follow (bad words, min_tokens still
+        ahead) get none. The worker masks each row as a structured-output request's grammar stands after the
+        proposals before it, and counts those proposals in its penalties; logprobs come for every row a request
+        takes. The draft model samples without the penalties of its own proposals, so requests with penalties get
+        ngram's proposals only."""
         params = request.sampling_params
-        return (not params.has_penalties and not params.bad_words_token_ids
-                and request.num_output_tokens >= params.min_tokens)
+        return (not params.bad_words_token_ids and request.num_output_tokens >= params.min_tokens
+                and not (params.has_penalties and self.proposer is None))
 
     def holds_back(self, request: Request) -> bool:
         """Whether the request waits for its step in flight: until the worker says how many of that step's

@@ -11,6 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_constrained_greedy, hf_greedy
@@ -157,3 +158,19 @@ def test_logprobs_of_accepted_proposals_and_the_token_after_match_hf(speculating
     assert list(result.token_ids) == expected[0]
     assert_logprobs_match_hf(result, prompts[0], 3, None, hf_model, hf_tokenizer)
     assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 12
+
+
+def test_greedy_output_with_a_repetition_penalty_matches_hf(speculating, prompts, hf_model, request):
+    """ngram proposes for a penalised request, whose verification rows count the proposals before them; the draft
+    method proposes nothing for it."""
+    with torch.inference_mode():
+        expected = hf_model.generate(torch.tensor([prompts[0]]), max_new_tokens=24, do_sample=False,
+                                     repetition_penalty=1.1)[0, len(prompts[0]):].tolist()
+    before = speculating.load()
+    result = speculating.client.generate(_request(prompts[0], 24, repetition_penalty=1.1))
+    assert list(result.token_ids) == expected
+    after = speculating.wait_until_idle()
+    if request.node.callspec.params["speculating"] == "ngram":
+        assert after.num_accepted_tokens - before.num_accepted_tokens >= 3
+    else:
+        assert after.num_draft_tokens == before.num_draft_tokens

@@ -149,8 +149,10 @@ def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact(spec
 def test_requests_that_cannot_speculate_get_no_proposals(speculation):
     scheduler = make_scheduler(num_blocks=64, block_size=4, **speculation)
     worker = _worker()
-    for request_id, params in {"penalised": dict(presence_penalty=0.5), "bad_words": dict(bad_words_token_ids=[[4]]),
-                               "min_tokens": dict(min_tokens=19)}.items():
+    cannot = {"bad_words": dict(bad_words_token_ids=[[4]]), "min_tokens": dict(min_tokens=19)}
+    if speculation is DRAFT:  # the draft model samples without the penalties of its own proposals
+        cannot["penalised"] = dict(presence_penalty=0.5)
+    for request_id, params in cannot.items():
         scheduler.add_request(make_request(request_id, _prompt(20), max_tokens=20, **params))
     proposed = set()
     while scheduler.has_unfinished_requests():
@@ -231,10 +233,13 @@ def test_draft_steps_reserve_slots_without_tokens_and_release_the_rejected_ones(
     assert scheduler.block_manager.num_used_blocks == 0
 
 
-@each_method
-@pytest.mark.parametrize("params", [dict(regex="a+"), dict(logprobs=2)], ids=["regex", "logprobs"])
-def test_structured_output_and_logprobs_requests_get_proposals(speculation, params):
-    """The worker masks each verification row as its grammar stands after the proposals before it, and reports the
-    logprobs of every token a request takes, so these requests speculate as others do."""
+@pytest.mark.parametrize("speculation, params", [
+    (NGRAM, dict(regex="a+")), (DRAFT, dict(regex="a+")), (NGRAM, dict(logprobs=2)), (DRAFT, dict(logprobs=2)),
+    (NGRAM, dict(repetition_penalty=1.2, frequency_penalty=0.3))],
+    ids=["ngram-regex", "draft-regex", "ngram-logprobs", "draft-logprobs", "ngram-penalties"])
+def test_structured_output_logprobs_and_penalised_requests_get_proposals(speculation, params):
+    """The worker masks each verification row as its grammar stands after the proposals before it, counts those
+    proposals in the row's penalties and reports the logprobs of every token a request takes, so these requests
+    speculate as others do."""
     outputs, _, scheduler = _run([make_request("r", _prompt(20), max_tokens=20, **params)], **speculation)
     assert len(outputs["r"]) == 20 and scheduler.get_load().num_draft_tokens > 0

@@ -12,6 +12,7 @@ from sluice.core.sampling_params import SamplingParams
 from worker_svc.sampling.ops import TOP_K_CANDIDATES, fixed_point, kept_tokens, process_logits, sample
 from worker_svc.sampling.rows import SamplingRows
 from worker_svc.sampling.seeded_random import seeded_uniform
+from worker_svc.sampling.speculative import ProposalRows, preceding_proposals
 from worker_svc.sampling.step import StepSampler
 from worker_svc.sampling.structured_output import GrammarMatchers
 
@@ -225,6 +226,36 @@ def _penalised_like_hf(logits: torch.Tensor, params: SamplingParams, prompt: lis
     for token in set(output):
         expected[0, token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
     return expected
+
+
+def test_verification_rows_are_penalised_after_the_proposals_before_them(device):
+    """Speculative decoding: a request's row j is penalised as if its first j proposals were output already (against
+    Hugging Face and the OpenAI formula on that history); its accepted proposals and sampled token then join the
+    history, the rejected ones leave no trace, and the history grows past its first width."""
+    params = SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25)
+    history = {"rep": (params, [4, 8], [9]), "plain": (SamplingParams(), [5], []), "other": (params, [3], [])}
+    rows = _rows(history, device)
+    names = list(history)
+    index = torch.tensor(rows.indices(names), device=device)
+    for step, (proposals, num_accepted) in enumerate([({"rep": [9, 7, 9], "other": [3]}, [2, 0, 1]),
+                                                       ({"rep": [11] * 6}, [6, 0, 0]), ({}, [])]):
+        spec = ProposalRows.of(names, proposals, device)
+        preceding = preceding_proposals(spec)
+        logits = _logits(len(spec.row_request_ids), device, seed=step)
+        out = process_logits(logits.clone(), rows.gather(spec.row_request_ids, index[spec.row_request], preceding))
+        for row, (name, first) in enumerate(zip(spec.row_request_ids, spec.first_rows_t[spec.row_request].tolist())):
+            params, prompt, output = history[name]
+            before = output + proposals.get(name, [])[:row - first]
+            torch.testing.assert_close(out[row:row + 1], _penalised_like_hf(logits[row:row + 1], params, prompt, before))
+        if not proposals:
+            break
+        accepted = torch.tensor(num_accepted, device=device)
+        rows.record_accepted(index, preceding[spec.first_rows_t + accepted])
+        sampled = torch.tensor([5, 6, 12], device=device)
+        rows.record(index, sampled)
+        for name, count, token in zip(names, num_accepted, sampled.tolist()):
+            rows.accepted_on_host(name, count)
+            history[name][2].extend([*proposals.get(name, [])[:count], token])
 
 
 def test_penalties_follow_the_sampled_tokens_through_preemption_and_forks(device):

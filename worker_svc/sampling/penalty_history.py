@@ -29,22 +29,48 @@ class PenaltyHistory:
         self._staged.pop(row, None)
         self._num_tokens.pop(row, None)
 
-    def penalties(self, rows: list[int], index: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
-                  repetition: torch.Tensor) -> Penalties:
-        """The Penalties of `rows` (on the device: `index`) for a step that records one token for each of them."""
-        self._widen(max(self._num_tokens.get(row, 0) for row in rows) + 1)
+    def make_room(self, rows: list[int], num_proposals: list[int]) -> None:
+        """Room for a step that records, for each of `rows`, its accepted proposals (at most num_proposals) and one
+        sampled token; the accepted ones are counted on the host by accepted()."""
+        self._widen(max(self._num_tokens.get(row, 0) + count for row, count in zip(rows, num_proposals)) + 1)
         for row in rows:
             if row in self._num_tokens:
                 self._num_tokens[row] += 1
+
+    def accepted(self, row: int, num_accepted: int) -> None:
+        if row in self._num_tokens:
+            self._num_tokens[row] += num_accepted
+
+    def penalties(self, index: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
+                  repetition: torch.Tensor, preceding: torch.Tensor | None = None) -> Penalties:
+        """The Penalties of the rows `index`. preceding: [len(index), k] the proposals each row comes after
+        (speculative decoding; NO_PROPOSAL past them), which count as output tokens there."""
         token_ids = self._token_ids[index]
-        return Penalties(presence, frequency, repetition, token_ids,
-                         self._output_counts[index.unsqueeze(1), token_ids])
+        if preceding is None:
+            return Penalties(presence, frequency, repetition, token_ids,
+                             self._output_counts[index.unsqueeze(1), token_ids])
+        token_ids = torch.cat([token_ids, torch.where(preceding >= 0, preceding, token_ids[:, :1])], dim=1)
+        counts = self._output_counts[index.unsqueeze(1), token_ids]
+        counts += (token_ids.unsqueeze(2) == preceding.unsqueeze(1)).sum(dim=2, dtype=torch.int32)
+        return Penalties(presence, frequency, repetition, token_ids, counts)
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:
         last = self._token_ids.shape[1] - 1  # where rows without penalties write, unread
         self._token_ids[index, self._lengths[index].clamp(max=last)] = token_ids
         self._lengths.index_add_(0, index, torch.ones_like(index))
         self._count(index, token_ids)
+
+    def record_accepted(self, index: torch.Tensor, accepted_ids: torch.Tensor) -> None:
+        """accepted_ids: [len(index), k] each row's accepted proposals, then NO_PROPOSAL; positions past a row's
+        accepted ones get its first token, which changes nothing."""
+        last = self._token_ids.shape[1] - 1
+        accepted = accepted_ids >= 0
+        positions = (self._lengths[index].unsqueeze(1) + torch.arange(accepted_ids.shape[1], device=self.device))
+        self._token_ids[index.unsqueeze(1), positions.clamp(max=last)] = torch.where(
+            accepted, accepted_ids, self._token_ids[index, :1])
+        self._lengths.index_add_(0, index, accepted.sum(dim=1))
+        self._output_counts.view(-1).index_add_(0, (index.unsqueeze(1) * self.vocab_size + accepted_ids.clamp(min=0))
+                                                .flatten(), accepted.flatten().int())
 
     def flush(self) -> None:
         if not self._staged:

@@ -3,6 +3,7 @@ the requests it samples instead of rebuilding them from Python lists, and record
 
 A joining request's row is staged on the host and uploaded with the next gather, in one asynchronous copy per table:
 writing device tensors element by element from Python would make the host wait for the device."""
+from collections import Counter
 from dataclasses import dataclass
 from functools import reduce
 from operator import and_, or_
@@ -147,9 +148,13 @@ class SamplingRows:
     def indices(self, request_ids: list[str]) -> list[int]:
         return [self._rows[request_id].index for request_id in request_ids]
 
-    def gather(self, request_ids: list[str], index: torch.Tensor) -> SamplingTensors:
-        """The SamplingTensors of the requests, whose rows (`indices`) are `index`, already on the device; `allowed`
-        holds allowed_token_ids only (the structured-output mask is the caller's)."""
+    def gather(self, request_ids: list[str], index: torch.Tensor,
+               preceding: torch.Tensor | None = None) -> SamplingTensors:
+        """The SamplingTensors of the requests, whose rows (`indices`) are `index`, already on the device, for a step
+        that records a token for each; `allowed` holds allowed_token_ids only (the structured-output mask is the
+        caller's). With proposals (speculative decoding), a request with k of them is listed on k + 1 consecutive
+        rows, and preceding ([rows, k], NO_PROPOSAL past them) holds the proposals each row follows, which its
+        penalties count."""
         self._flush()
         rows = [self._rows[request_id] for request_id in request_ids]
         uses = [row.uses for row in rows]
@@ -169,9 +174,10 @@ class SamplingRows:
                 output_positions=ints[:, _I["num_output"]],
                 filter_width=self._filter_width(rows, any_uses, all_uses))
         if penalties:
-            tensors.penalties = self._history.penalties(
-                [row.index for row in rows if row.uses & _Uses.PENALTIES], index, floats[:, _F["presence"]],
-                floats[:, _F["frequency"]], floats[:, _F["repetition"]])
+            listed = Counter(row.index for row in rows if row.uses & _Uses.PENALTIES)
+            self._history.make_room(list(listed), [count - 1 for count in listed.values()])
+            tensors.penalties = self._history.penalties(index, floats[:, _F["presence"]], floats[:, _F["frequency"]],
+                                                        floats[:, _F["repetition"]], preceding)
         sparse = []
         if any_uses & _Uses.LOGIT_BIAS:
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
@@ -206,9 +212,17 @@ class SamplingRows:
         if self._history is not None:
             self._history.record(index, token_ids)
 
-    def count_accepted(self, index: torch.Tensor, num_accepted: torch.Tensor) -> None:
-        """Counts the accepted proposals of each row in `index` as output tokens (record counts the sampled one)."""
-        self._ints[:, _I["num_output"]].index_add_(0, index, num_accepted)
+    def record_accepted(self, index: torch.Tensor, accepted_ids: torch.Tensor) -> None:
+        """Counts the accepted proposals of each row in `index` (accepted_ids: [len(index), k], NO_PROPOSAL past
+        them) as output tokens, before record counts the sampled one."""
+        self._ints[:, _I["num_output"]].index_add_(0, index, (accepted_ids >= 0).sum(dim=1))
+        if self._history is not None:
+            self._history.record_accepted(index, accepted_ids)
+
+    def accepted_on_host(self, request_id: str, num_accepted: int) -> None:
+        """The request's accepted proposals, now known on the host (they take room in the penalty history)."""
+        if self._history is not None and request_id in self._rows:
+            self._history.accepted(self._rows[request_id].index, num_accepted)
 
     def _flush(self) -> None:
         if self._staged:

@@ -108,6 +108,11 @@ class ProposalRows:
     first_rows_t: torch.Tensor  # [requests] int64
     draft_probs: torch.Tensor | None = None  # [rows, vocab]: the distribution of each row's proposal (None: points)
 
+    @property
+    def max_proposals(self) -> int:
+        ends = [*self.first_rows[1:], len(self.row_request_ids)]
+        return max(end - first for first, end in zip(self.first_rows, ends)) - 1
+
     @classmethod
     def of(cls, request_ids: list[str], spec_token_ids: dict[str, list[int]], device: torch.device) -> "ProposalRows":
         """The rows of ngram proposals, known on the host."""
@@ -144,6 +149,14 @@ class ProposalRows:
         return cls(row_request_ids, first_rows, row_request_t, offsets_t, proposals_t, first_rows_t, probs)
 
 
+def preceding_proposals(rows: ProposalRows) -> torch.Tensor:
+    """[rows, the most proposals of a request]: a request's row j holds its first j proposals, then NO_PROPOSAL."""
+    columns = torch.arange(rows.max_proposals, device=rows.proposals.device)
+    sources = (torch.arange(rows.proposals.shape[0], device=columns.device) - rows.offsets).unsqueeze(1) + columns
+    before = columns < rows.offsets.unsqueeze(1)
+    return torch.where(before, rows.proposals[sources.clamp(max=rows.proposals.shape[0] - 1)], NO_PROPOSAL)
+
+
 def _layout(request_ids: list[str], counts: dict[str, int]) -> tuple[list[str], list[int], list[int], list[int]]:
     """(the request id of each row, each request's first row, the request index of each row, each row's offset)."""
     row_request_ids, first_rows, row_request, offsets = [], [], [], []
@@ -159,7 +172,7 @@ def _layout(request_ids: list[str], counts: dict[str, int]) -> tuple[list[str], 
 def verify_rows(logits: torch.Tensor, tensors: SamplingTensors,
                 rows: ProposalRows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per request: the token sampled after its accepted proposals, and how many it accepted; and each row's token
-    (its proposal where accepted)."""
+    (its proposal where accepted). tensors: one row per row, their penalties counting the proposals before it."""
     if tensors.draws is not None:
         tensors.draws.output_positions = tensors.draws.output_positions + rows.offsets
     row_tokens, accepted = verify(logits, tensors, rows.proposals, rows.draft_probs)

@@ -7,7 +7,7 @@ from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepPlan
 from worker_svc.sampling.ops import sample as sample_tokens
 from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.speculative import Drafts, ProposalRows, verify_rows
+from worker_svc.sampling.speculative import Drafts, ProposalRows, preceding_proposals, verify_rows
 from worker_svc.sampling.structured_output import GrammarMatchers
 from worker_svc.sampling.token_logprobs import LogprobTensors, token_logprobs
 from worker_svc.sampling.upload import upload
@@ -67,7 +67,8 @@ class StepSampler:
         elif drafts is not None:
             spec = ProposalRows.of_drafts(request_ids, drafts, self.rows.device)
         row_ids = request_ids if spec is None else spec.row_request_ids
-        tensors = self.rows.gather(row_ids, rows if spec is None else rows[spec.row_request])
+        preceding = None if spec is None else preceding_proposals(spec)
+        tensors = self.rows.gather(row_ids, rows if spec is None else rows[spec.row_request], preceding)
         grammar_allowed = self._grammar_allowed(row_ids, spec_token_ids, drafts)
         if grammar_allowed is not None:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
@@ -76,7 +77,7 @@ class StepSampler:
             token_ids = row_tokens = sample_tokens(logits, tensors)
         else:
             token_ids, num_accepted, row_tokens = verify_rows(logits, tensors, spec)
-            self.rows.count_accepted(rows, num_accepted)
+            self.rows.record_accepted(rows, preceding[spec.first_rows_t + num_accepted])
         self.rows.record(rows, token_ids)
         logprobs = self._logprobs(logits, request_ids, row_tokens, spec)
         return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted, drafts)
@@ -89,6 +90,8 @@ class StepSampler:
                     for request_id, count in zip(sample.request_ids, num_accepted) if request_id in proposals}
         sampled = dict(zip(sample.request_ids, token_ids))
         completed = self.grammars.advance(sample.request_ids, token_ids, accepted)
+        for request_id, count in zip(sample.request_ids, num_accepted):
+            self.rows.accepted_on_host(request_id, count)
         for request_id, num_taken in completed.items():  # tokens past a grammar's end are not taken
             taken = [*accepted.get(request_id, ()), sampled[request_id]][:num_taken]
             if request_id in accepted:
