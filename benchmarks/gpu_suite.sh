@@ -11,12 +11,16 @@
 #               151,936, and the standard workload greedy and sampled through gRPC
 #   kernels     the kernel tests and benchmarks
 #   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
+#   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
+#   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
+#   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out, bf16 against FP8 weights and KV cache
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 DUMMY=(--load-format dummy --dtype bfloat16 --device cuda)
-bench() { timeout 200 python3 -m sluice.cli --log-level WARNING bench "$@" 2> >(grep -v Warning | tail -20 >&2) | tail -3; }
+FP8="--quantization fp8 --kv-cache-dtype fp8"
+bench() { timeout ${BENCH_TIMEOUT:-200} python3 -m sluice.cli --log-level WARNING bench "$@" 2> >(grep -v Warning | tail -20 >&2) | tail -3; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
 for stage in ${STAGES:-agreement worker profile throughput latency serve sampling kernels}; do
   echo "== $stage $(date +%T)"
@@ -47,6 +51,20 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     linear)
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_linear.py 2>&1 | tail -3
       timeout 400 python3 benchmarks/kernel_linear.py "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
+    fp8linear)
+      timeout 300 python3 benchmarks/kernel_linear.py "$OUT/linear_fp8.json" --fp8 --models Llama-3.1-8B 2>&1 \
+        | grep -v Warning ;;
+    fp8latency)
+      for flags in "" "$FP8" "" "$FP8"; do
+        echo "-- latency ${flags:-bf16}"
+        bench latency --model Llama-3.1-8B "${DUMMY[@]}" $flags --out "$OUT/latency_8b_${flags//[ .-]/}.json"
+      done ;;
+    fp8throughput)
+      for flags in "" "$FP8"; do
+        echo "-- 400 x 1,000 in / 1,000 out ${flags:-bf16}"
+        BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 --input-len 1000 1000 \
+          --output-len 1000 1000 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
+      done ;;
     sampling)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_seeded_uniform.py \
         tests/kernels/test_candidate_draw.py tests/worker/test_sampler.py tests/worker/test_sampling_search.py \

@@ -209,15 +209,15 @@ def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device
 def _operators(config: WorkerConfig, fp8: bool) -> TorchOps:
     """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
     device without FP8 GEMMs fails here (fp8.fp8_gemm_for)."""
-    fp8_gemm = fp8_gemm_for(torch.device(config.device)) if fp8 else emulated_fp8_linear
+    device = torch.device(config.device)
     if not config.uses_triton:
-        return TorchOps(fp8_gemm)
+        return TorchOps(fp8_gemm_for(device) if fp8 else emulated_fp8_linear)
     try:
         from worker_svc.models.triton_ops import TritonOps
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error
-    return TritonOps(fp8_gemm)
+    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows) if fp8 else emulated_fp8_linear)
 
 
 def _check_fp8_kv_cache(config: WorkerConfig, device: torch.device) -> None:

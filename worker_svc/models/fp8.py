@@ -4,6 +4,7 @@ y = (x_q * x_scale) @ (w_q * w_scale).T + bias, accumulated in float32. On a dev
 capability 8.9 and up) the product runs in torch._scaled_mm; on the CPU the same arithmetic is emulated in float32.
 """
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -14,6 +15,7 @@ _MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of zero
 QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+RowQuantizer = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Fp8Linear(nn.Module):
@@ -50,21 +52,22 @@ def emulated_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
 
 
 def scaled_mm_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                         bias: torch.Tensor | None) -> torch.Tensor:
-    """The FP8 GEMM: row-wise scales (per token x per channel), bf16 out (what row-wise scaling supports)."""
-    x_q, x_scale = quantize_rows(x)
+                         bias: torch.Tensor | None, quantize: RowQuantizer = quantize_rows) -> torch.Tensor:
+    """The FP8 GEMM: row-wise scales (per token x per channel), bf16 out (what row-wise scaling supports). quantize:
+    quantize_rows or a kernel with its arithmetic (kernels.fp8_quant)."""
+    x_q, x_scale = quantize(x)
     y = torch._scaled_mm(x_q, weight.T, scale_a=x_scale[:, None], scale_b=weight_scale[None, :],
                          out_dtype=torch.bfloat16)
     return (y if bias is None else y + bias).to(x.dtype)
 
 
-def fp8_gemm_for(device: torch.device) -> Fp8Gemm:
-    """The FP8 GEMM of a device: emulated on the CPU, torch._scaled_mm on a GPU that has FP8; any other device
-    fails here, at start."""
+def fp8_gemm_for(device: torch.device, quantize: RowQuantizer = quantize_rows) -> Fp8Gemm:
+    """The FP8 GEMM of a device: emulated on the CPU, torch._scaled_mm on a GPU that has FP8, its activations
+    quantized by `quantize`; any other device fails here, at start."""
     if device.type == "cpu":
         return emulated_fp8_linear
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
-        return scaled_mm_fp8_linear
+        return partial(scaled_mm_fp8_linear, quantize=quantize)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     raise RuntimeError(f"quantization fp8 needs FP8 GEMMs (CUDA compute capability 8.9+, e.g. Ada or Hopper) or the "
                        f"CPU's emulation; {device} ({name}) has neither")

@@ -2,6 +2,7 @@ import torch
 from torch import nn
 
 import kernels
+from kernels.fp8_quant import quantize_rows_fp8
 from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.models.fp8 import FP8
 from worker_svc.models.torch_ops import TorchOps
@@ -19,6 +20,8 @@ class TritonOps(TorchOps):
     """The GPU path: TorchOps' operator interface on the Triton kernels. Linear layers of one row (batch-1 decode)
     run as fused weight streams (kernels.fused_linear, which reads FP8 weights as they are stored); larger ones
     compose the norm and gate kernels around cuBLAS (or the FP8 GEMM)."""
+
+    quantize_rows = staticmethod(quantize_rows_fp8)  # the FP8 GEMM's activations, as fp8.quantize_rows does
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
