@@ -5,7 +5,8 @@ One program per row: a pass that finds the row's absolute maximum, then a pass t
 e4m3's range and stores (the second pass finds the row in the L2 cache). The torch composition of the same
 arithmetic (quantize_rows_fp8_ref) reads x once per operator and writes four float32 copies of it: about 47 bytes of
 traffic per element against the kernel's 3 (read 2, write 1), at every FP8 linear layer of every step.
-Divisions round to nearest, as torch's do, so the results agree bit for bit.
+The row's maximum is scaled by the reciprocal of e4m3's largest value and x is divided by the scale rounding to
+nearest, as torch's CUDA operators do, so the results agree bit for bit.
 """
 import torch
 import triton
@@ -15,6 +16,7 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 MIN_SCALE = 1e-12  # an all-zero row gets this scale instead of zero
 _FP8_MAX = tl.constexpr(FP8_MAX)
+_INV_FP8_MAX = tl.constexpr(1.0 / FP8_MAX)  # torch divides a tensor by a number as a product with its reciprocal
 
 
 @triton.jit
@@ -26,7 +28,7 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, K, stride_x, stride_out, mi
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         absmax = tl.maximum(absmax, tl.abs(tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.math.div_rn(tl.max(absmax, 0), _FP8_MAX), min_scale)
+    scale = tl.maximum(tl.max(absmax, 0) * _INV_FP8_MAX, min_scale)
     tl.store(scale_ptr + row, scale)
     # -- pass 2: x / scale in e4m3
     out_row = out_ptr + row * stride_out

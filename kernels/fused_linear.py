@@ -123,9 +123,16 @@ def _block_k(k: int, largest: int) -> int:
     return block
 
 
-def _launch_config(n: int, k: int, norm: bool, device: torch.device) -> dict:
+def _launch_config(n: int, k: int, norm: bool, fp8: bool, device: torch.device) -> dict:
     if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
         return dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(k, 256), num_warps=1)
+    # NOTE: H200, e4m3 weights, `benchmarks/kernel_linear.py --fp8` (BLOCK_N 1-8 x BLOCK_K 1024-4096 x warps 2/4/8)
+    # on Llama-3.1-8B's projections: a program of the bf16 rule below streams half the bytes and waits on its loads
+    # (qkv 11.1, o 8.3, gate_up 35.1, down 23.4 us: 2.0-3.3 TB/s). Four output features per program and 2048-wide
+    # slices, 2 warps for plain products and 4 for normed ones: 10.4-11.3, 6.7, 33.2, 18.2 us (69.4 us a layer
+    # against 77.9; the per-shape best sums to 68.4).
+    if fp8 and n < 65536:
+        return dict(BLOCK_N=4, BLOCK_K=_block_k(k, 2048), num_warps=4 if norm else 2, num_stages=1)
     # NOTE: H200, bf16, benchmarks/kernel_linear.py (BLOCK_N 1-16 x BLOCK_K 512-4096 x warps 4/8 x stages 1/3 on
     # the ten Qwen3-0.6B and Llama-3.1-8B projections, in CUDA graphs, weights streamed from HBM). The best single
     # rule, within 1% of the per-shape best in total: plain products one output feature per program, normed ones two
@@ -161,7 +168,7 @@ def fused_linear(
     residual = residual.contiguous() if residual is not None else None
     out = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty_like(x) if residual is not None else None
-    config = launch_config or _launch_config(n, k, norm_weight is not None, x.device)
+    config = launch_config or _launch_config(n, k, norm_weight is not None, weight_scale is not None, x.device)
     if k % config["BLOCK_K"]:
         raise ValueError(f"BLOCK_K {config['BLOCK_K']} does not divide K {k}")
     _fused_linear_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
