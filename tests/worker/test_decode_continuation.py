@@ -63,3 +63,42 @@ def test_a_decode_after_a_step_where_an_earlier_row_did_not_sample(default_model
     outcomes = two_steps(enforce_eager=False)
     assert list(outcomes[0]) == ["decoding"]
     assert outcomes == two_steps(enforce_eager=True)
+
+
+PARAGRAPH = ("The river rises in the northern hills, runs south through three market towns, and meets the sea at a "
+             "wide, shallow bay where herons feed at low tide.")
+QUOTES = [f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH}\nRepeated: The river rises",
+          "Say it twice: the sun is warm. Again: the", "Say it twice: bees make honey. Again: bees"]
+
+
+def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool):
+    """The outputs, and for each step that followed a verification and decoded some of its requests without
+    proposals, whether it built its inputs on the host."""
+    worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
+    engine = OfflineEngine(worker, num_blocks=24, max_num_seqs=16, speculative_method="ngram",
+                           num_speculative_tokens=3, ngram_min=1, ngram_max=3)
+    plans, built = [], set()
+    launch, build = worker.runner.launch, worker.runner.inputs.build
+    worker.runner.launch = lambda plan: plans.append(plan) or launch(plan)
+    worker.runner.inputs.build = lambda *args, **kwargs: built.add(plans[-1].step_id) or build(*args, **kwargs)
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for _ in prompts]
+    outputs = [result.token_ids for result in engine.generate(prompts, params)]
+    after_verification = [plan.step_id in built for before, plan in zip(plans, plans[1:])
+                          if before.spec_token_ids and not plan.spec_token_ids
+                          and set(plan.num_scheduled_tokens) <= set(before.num_scheduled_tokens)
+                          and all(count == 1 for count in plan.num_scheduled_tokens.values())]
+    return outputs, after_verification
+
+
+@pytest.mark.parametrize("quotes", [QUOTES[1:2], QUOTES], ids=["alone", "together"])
+def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, hf_model, quotes):
+    """ngram's verification rows are decode rows; afterwards each request keeps the row of its last accepted token,
+    so the next decode builds nothing on the host, and the tokens are Hugging Face's and the eager engine's."""
+    prompts = [hf_tokenizer(text).input_ids for text in quotes]
+    outputs, after_verification = _speculate(default_model_dir, prompts, 20, enforce_eager=False)
+    eager_outputs, eager_after = _speculate(default_model_dir, prompts, 20, enforce_eager=True)
+    assert outputs == eager_outputs
+    for prompt, tokens in zip(prompts, outputs):
+        assert tokens == hf_greedy(hf_model, prompt, 20)
+    assert after_verification and not any(after_verification)
+    assert eager_after and all(eager_after)

@@ -1,7 +1,8 @@
 """Decode steps that continue the one before: some or all of its requests, one token each.
 
 Once a decode step has replayed a graph and fed it its samples, the graph's buffers hold each of its requests'
-next input token, position and block table. A decode step of requests that all sampled in that step, with no
+next input token, position and block table; after an ngram verification laid out as decode rows, each request
+keeps the row of its last accepted token. A decode step of requests that all sampled in that step, with no
 proposals, takes from the host only their graph rows (when some left or the order changed) and the blocks they were
 given since: it is a graph replay, the sampling and one small copy back.
 """

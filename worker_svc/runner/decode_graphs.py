@@ -103,11 +103,14 @@ class DecodeGraphs:
             self._num_live = n
 
     def move_rows(self, rows: torch.Tensor) -> None:
-        """The live rows `rows` (int64, on the device) move to rows 0..len(rows)-1, in that order; the others stop
-        being live."""
+        """The live rows `rows` (int64, on the device) move to rows 0..len(rows)-1, in that order, each a sequence
+        of its own; the others stop being live."""
         n = rows.shape[0]
         self.token_inputs[:, :n] = self.token_inputs[:, rows]
         self.block_tables[:n] = self.block_tables[rows]
+        if self._grouped:
+            self.row_groups.fill_(1)
+            self._grouped = False
         self.keep_first(n)
 
     def replay(self, max_seq_len: int) -> torch.Tensor:
