@@ -101,8 +101,8 @@ class ModelRunner:
         self._continuation = None
         every_request_sampled = len(rows.sample_request_ids) == len(request_ids)  # then in the graph rows' order
         if decode_graph and every_request_sampled and self.drafter is None:
-            if plan.num_proposed:
-                self._keep_rows_after_accepted(plan, sample.num_accepted)
+            if plan.num_proposed:  # a verification laid out as decode rows: keep each request's last accepted row
+                self.decode_graphs.move_rows(sample.last_accepted_rows)
             self.decode_graphs.feed(sample.token_ids)
             self._continuation = DecodeContinuation(plan.step_id, request_ids, sampling_rows)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
@@ -145,13 +145,6 @@ class ModelRunner:
                                          prompt_logprobs, result.grammar_completed_request_ids,
                                          result.grammar_errors, accepted)
         return step.outcome
-
-    def _keep_rows_after_accepted(self, plan: StepPlan, num_accepted: torch.Tensor) -> None:
-        """After a verification laid out as decode rows (a request's newest token, then its proposals), each request
-        keeps the row of its last accepted token, whose next position is where its sampled token goes."""
-        first_rows = upload(list(accumulate(plan.num_scheduled_tokens.values(), initial=0))[:-1], torch.int64,
-                            self.device)
-        self.decode_graphs.move_rows(first_rows + num_accepted)
 
     def _inputs(self, plan: StepPlan, request_ids: list[str],
                 states: list[RequestState]) -> tuple[LogitsRows, StepInputs, Drafts | None]:

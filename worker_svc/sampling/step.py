@@ -22,6 +22,8 @@ class DeviceSample:
     logprobs: LogprobTensors | None = None
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # the proposals the step verified
     num_accepted: torch.Tensor | None = None  # [len(request_ids)] int64, with proposals: how many each accepted
+    last_accepted_rows: torch.Tensor | None = None  # [len(request_ids)] int64, with proposals: the logits row of
+    # each request's last accepted token (its newest token's row where it accepted none)
     drafts: Drafts | None = None  # a draft model's proposals, whose ids reach spec_token_ids once on the host
 
 
@@ -72,15 +74,17 @@ class StepSampler:
         grammar_allowed = self._grammar_allowed(row_ids, spec_token_ids, drafts)
         if grammar_allowed is not None:
             tensors.allowed = grammar_allowed if tensors.allowed is None else tensors.allowed & grammar_allowed
-        num_accepted = None
+        num_accepted = last_accepted_rows = None
         if spec is None:
             token_ids = row_tokens = sample_tokens(logits, tensors)
         else:
             token_ids, num_accepted, row_tokens = verify_rows(logits, tensors, spec)
-            self.rows.record_accepted(rows, preceding[spec.first_rows_t + num_accepted])
+            last_accepted_rows = spec.first_rows_t + num_accepted
+            self.rows.record_accepted(rows, preceding[last_accepted_rows])
         self.rows.record(rows, token_ids)
         logprobs = self._logprobs(logits, request_ids, row_tokens, spec)
-        return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted, drafts)
+        return DeviceSample(request_ids, token_ids, logprobs, spec_token_ids or {}, num_accepted, last_accepted_rows,
+                            drafts)
 
     def finish(self, sample: DeviceSample, token_ids: list[int], num_accepted: list[int] = ()) -> SampleResult:
         """The host side once the sampled tokens (`token_ids`, in sample order) and, with proposals, how many of
