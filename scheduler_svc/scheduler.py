@@ -33,6 +33,7 @@ class _StepDraft:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its ngram proposals
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # request id -> slots for the draft model's
     proposal_rows: int = 0  # how many more proposed tokens the step may carry
+    decodes_only: bool = False  # every request of the step computes one token (and its proposals), none joins
     preempted: bool = False
 
 
@@ -169,7 +170,7 @@ class Scheduler:
             self._advance(plan)
             self._in_flight.append(plan.step_id)
             for request_id in plan.num_proposed:
-                self.speculation.launched(request_id)
+                self.speculation.launched(request_id, draft.decodes_only)
         return plan
 
     def _advance(self, plan: StepPlan) -> None:
@@ -177,9 +178,9 @@ class Scheduler:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests[request_id]
             request.num_computed_tokens += num_tokens
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + \
-                    num_proposed.get(request_id, 0):
-                request.num_output_placeholders += 1
+            proposed = num_proposed.get(request_id, 0)
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + proposed:
+                request.num_output_placeholders += 1 + proposed
 
     def update_from_outcome(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestUpdate]:
         if plan.step_id != outcome.step_id:
@@ -210,7 +211,7 @@ class Scheduler:
                 if prompt_logprobs is not None:  # a prefill chunk short of the prompt's end samples nothing
                     updates.append(self._update(request, [], prompt_logprobs=prompt_logprobs))
                 continue
-            request.num_output_placeholders -= 1
+            request.num_output_placeholders -= 1 + num_proposed.get(request_id, 0)
             new_token_ids = self._append_until_stop(request, [*accepted, token_id], request_id in grammar_completed)
             token_logprobs = logprobs.get(request_id)
             if token_logprobs is not None:  # with proposals, rows past the first rejected one come too
@@ -292,13 +293,11 @@ class Scheduler:
     # -- planning
 
     def _schedule_running(self, draft: _StepDraft) -> None:
-        prefills = []
-        for request in list(self._running):  # a copy: preemption shrinks the running list
-            if request.num_tokens_to_compute == 1:
-                self._schedule_running_request(request, draft)
-            else:
-                prefills.append(request)
-        for request in prefills:
+        decodes, prefills = [], []
+        for request in self._running:
+            (prefills if request.num_tokens_to_compute > 1 else decodes).append(request)
+        draft.decodes_only = not prefills and not self._waiting and not draft.forked
+        for request in decodes + prefills:
             self._schedule_running_request(request, draft)
 
     def _schedule_running_request(self, request: Request, draft: _StepDraft) -> None:
@@ -307,7 +306,7 @@ class Scheduler:
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
             return
         speculation = self.speculation
-        if speculation is not None and speculation.holds_back(request):
+        if speculation is not None and speculation.holds_back(request, draft.decodes_only):
             return
         num_proposed, proposals = (0, []) if speculation is None \
             else speculation.propose(request, draft.token_budget, draft.proposal_rows)

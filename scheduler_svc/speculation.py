@@ -1,11 +1,13 @@
 """Speculative decoding in the scheduler: which requests get proposals, how many tokens, and the acceptance counts.
 
 Method "ngram" proposes tokens here; method "draft" only reserves the slots, which the worker's draft model fills at
-the start of the step. A request with proposals in a step still in flight is not planned again until that step's
-outcome is applied: how many of its proposals the worker accepts decides where its next tokens go. Every other
-request keeps the asynchronous schedule (its next step is planned while the last one runs); with ngram it may get
-proposals there too, made after guesses of the tokens that the steps in flight sample, while a request that the draft
-model serves waits for its step in flight, as the draft needs its newest token.
+the start of the step. Requests keep the asynchronous schedule (the next step is planned while the last one runs):
+while a step verifies a request's proposals, they count as accepted, so its next decode takes the slot after the last
+of them, and the worker moves that decode to the real position on the device (it continues the verification's decode
+rows); the outcome gives the rejected ones' slots back. Only decode-only steps follow a decode-only verification that
+way; in any other the request waits for its outcome. It proposes again once its proposals are verified; meanwhile
+ngram proposes after guesses of the tokens that plain steps in flight sample. A request that the draft model serves
+waits for its step in flight, as the draft needs its newest token.
 A step carries proposals only while its rows (one per request, one per proposed token) stay within max_num_seqs, so
 a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ class Speculation:
         self.proposer = NgramProposer(config.ngram_min, config.ngram_max) \
             if config.speculative_method == "ngram" else None
         self.stats = SpecDecodeStats(num_accepted_per_position=[0] * config.num_speculative_tokens)
-        self._verifying: set[str] = set()  # requests with proposals in a step in flight
+        self._verifying: dict[str, bool] = {}  # requests with proposals in flight -> whether their step only decodes
         self._misses: dict[str, _Misses] = {}
 
     def applies_to(self, request: Request) -> bool:
@@ -59,12 +61,14 @@ class Speculation:
         return (not params.bad_words_token_ids and request.num_output_tokens >= params.min_tokens
                 and not (params.has_penalties and self.proposer is None))
 
-    def holds_back(self, request: Request) -> bool:
-        """Whether the request waits for its step in flight: until the worker says how many of that step's
-        proposals it accepted, where the request's next tokens go is unknown; and the draft model needs the newest
-        token of a request it drafts for."""
-        return request.request_id in self._verifying or (
-            self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request))
+    def holds_back(self, request: Request, decodes_only: bool) -> bool:
+        """Whether the request waits for its step in flight: one that verifies its proposals, unless both that step
+        and the one being planned (`decodes_only`) only decode; and, for the draft model, any, as the draft needs
+        the newest token of a request it drafts for."""
+        verifying_step_decodes_only = self._verifying.get(request.request_id)
+        if verifying_step_decodes_only is not None:
+            return not (verifying_step_decodes_only and decodes_only)
+        return self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request)
 
     def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> tuple[int, list[int]]:
         """(how many tokens to propose, ngram's proposals: none for the draft method, whose worker makes them): at most
@@ -77,7 +81,8 @@ class Speculation:
         max_num_tokens = min(self.num_speculative_tokens, max_num_tokens, token_budget - 1,
                              request.sampling_params.max_tokens - request.num_output_tokens - placeholders - 1)
         if max_num_tokens <= 0 or request.num_tokens_to_compute != 1 or not self.applies_to(request) \
-                or (self.proposer is None and placeholders) or self._skips(request.request_id):
+                or request.request_id in self._verifying or (self.proposer is None and placeholders) \
+                or self._skips(request.request_id):
             return 0, []
         if self.proposer is None:
             return max_num_tokens, []
@@ -85,13 +90,14 @@ class Speculation:
         proposals = self.proposer.propose(request, placeholders + max_num_tokens)[placeholders:]
         return len(proposals), proposals
 
-    def launched(self, request_id: str) -> None:
-        self._verifying.add(request_id)
+    def launched(self, request_id: str, decodes_only: bool) -> None:
+        self._verifying[request_id] = decodes_only
 
     def verified(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """A step's proposals for the request came back. After verifications in a row that accept nothing, the
-        request lets 1, 3, 7, ... (at most MAX_SKIPS) chances to propose pass: proposals cost a step's wait."""
-        self._verifying.discard(request_id)
+        request lets 1, 3, 7, ... (at most MAX_SKIPS) chances to propose pass: a verification costs rows, and often a
+        step's wait."""
+        self._verifying.pop(request_id, None)
         self.stats.record(num_proposed, num_accepted)
         if num_accepted:
             self._misses.pop(request_id, None)
@@ -102,10 +108,10 @@ class Speculation:
 
     def dropped(self, request_id: str) -> None:
         """The request's steps in flight no longer count (it was preempted)."""
-        self._verifying.discard(request_id)
+        self._verifying.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:
-        self._verifying.discard(request_id)
+        self._verifying.pop(request_id, None)
         self._misses.pop(request_id, None)
         if self.proposer is not None:
             self.proposer.forget(request_id)

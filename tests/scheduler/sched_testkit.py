@@ -38,6 +38,7 @@ class _WorkerRequest:
     num_prompt_tokens: int
     prompt_logprobs: bool
     constrained: bool
+    num_rejected_unapplied: int = 0  # of the newest verification, until a plan shows the scheduler applied it
 
 
 @dataclass
@@ -80,7 +81,11 @@ class FakeWorker:
                 new.sampling_params.constraint is not None)
         for cached in plan.cached_requests:
             state = self.requests[cached.request_id]
-            assert cached.num_computed_tokens == state.num_computed_tokens
+            # the scheduler counts a verification's proposals as accepted until it applies the outcome
+            assert cached.num_computed_tokens in (state.num_computed_tokens,
+                                                  state.num_computed_tokens + state.num_rejected_unapplied)
+            if cached.num_computed_tokens == state.num_computed_tokens:
+                state.num_rejected_unapplied = 0
             assert cached.num_blocks - len(cached.new_block_ids) <= len(state.block_ids)
             state.block_ids = state.block_ids[:cached.num_blocks - len(cached.new_block_ids)] + cached.new_block_ids
         sampled, accepted = {}, {}
@@ -105,7 +110,9 @@ class FakeWorker:
             if state.num_computed_tokens == len(inputs):
                 accepted[request_id] = self._accepted(state.token_ids, proposals)
                 state.token_ids += accepted[request_id]
-                state.num_computed_tokens -= len(proposals) - len(accepted[request_id])
+                if proposals:
+                    state.num_rejected_unapplied = len(proposals) - len(accepted[request_id])
+                    state.num_computed_tokens -= state.num_rejected_unapplied
                 token = self.sample(state.token_ids)
                 state.token_ids.append(token)
                 sampled[request_id] = token

@@ -1,6 +1,8 @@
 """Speculative decoding in the scheduler: ngram proposals, the slots reserved for the worker's draft model, the steps
 that carry them, and the bookkeeping of what the worker accepted (tokens, KV slots, prefix-cache hashes), against the
 fake worker's token-level KV cache."""
+from collections import deque
+
 import pytest
 
 from scheduler_svc.ngram_proposer import NgramProposer
@@ -172,6 +174,42 @@ def test_planned_ahead_requests_propose_after_guesses_and_keep_greedy_outputs():
     assert speculative == plain and steps < plain_steps
     load = scheduler.get_load()
     assert 0 < load.num_accepted_tokens < load.num_draft_tokens
+
+
+def test_a_verifying_request_decodes_on_in_decode_only_steps():
+    """Planned ahead, a request whose proposals are being verified takes its next decode at the slot after them (the
+    worker's decode continues from the last accepted one) in a step that only decodes; a step that also prefills
+    leaves it to wait. Outputs stay the greedy ones, no token past max_tokens is sampled, and no block is left."""
+    def requests():
+        return [make_request("r0", _prompt(20), max_tokens=40), make_request("r1", _prompt(21), max_tokens=37)]
+
+    plain, _, _ = _run(requests(), steps_in_flight=MAX_STEPS_IN_FLIGHT)
+    scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_batched_tokens=8, **NGRAM)
+    worker = _worker()
+    for request in requests():
+        scheduler.add_request(request)
+    in_flight, updates, follow_ups, held, requests_added = deque(), [], {True: 0, False: 0}, 0, set()
+    while scheduler.has_unfinished_requests() or in_flight:
+        while len(in_flight) < MAX_STEPS_IN_FLIGHT and scheduler.has_unfinished_requests():
+            verifying = set(scheduler.speculation._verifying)
+            plan = scheduler.schedule()
+            if plan.is_empty:
+                break
+            decodes_only = not plan.new_requests and all(
+                count == 1 + plan.num_proposed.get(request_id, 0)
+                for request_id, count in plan.num_scheduled_tokens.items())
+            follow_ups[decodes_only] += len(verifying & set(plan.num_scheduled_tokens))
+            held += 0 if decodes_only else len(verifying - set(plan.num_scheduled_tokens))
+            in_flight.append((plan, worker.execute(plan)))
+        updates += scheduler.update_from_outcome(*in_flight.popleft())
+        if "late" not in requests_added and 12 <= len(worker.sampled_log["r0"]) < 40:
+            requests_added.add("late")
+            scheduler.add_request(make_request("late", _prompt(30), max_tokens=4))  # prefills in 8-token chunks
+    assert {k: v for k, v in _outputs(updates).items() if k != "late"} == plain
+    assert follow_ups[True] > 0 and follow_ups[False] == 0 and held > 0
+    assert {request_id: len(tokens) for request_id, tokens in worker.sampled_log.items()} == \
+        {"r0": 40, "r1": 37, "late": 4}
+    assert scheduler.block_manager.num_used_blocks == 0
 
 
 def _never_repeating_model(context: list[int]) -> int:

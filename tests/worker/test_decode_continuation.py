@@ -4,6 +4,7 @@ CPU the buffers run uncaptured, so the same bookkeeping is held here to Hugging 
 small enough to force preemptions (rows reorder, requests rejoin), and contexts that cross block boundaries."""
 import pytest
 
+from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
@@ -71,15 +72,24 @@ QUOTES = [f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH
           "Say it twice: the sun is warm. Again: the", "Say it twice: bees make honey. Again: bees"]
 
 
-def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool):
-    """The outputs, and for each step that followed a verification and decoded some of its requests without
-    proposals, whether it built its inputs on the host."""
+def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool, steps_in_flight: int):
+    """The outputs; for each step that followed a verification and decoded some of its requests without proposals,
+    whether it built its inputs on the host; and how many steps were launched before the verification of one of
+    their requests' proposals finished."""
     worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
     engine = OfflineEngine(worker, num_blocks=24, max_num_seqs=16, speculative_method="ngram",
-                           num_speculative_tokens=3, ngram_min=1, ngram_max=3)
-    plans, built = [], set()
+                           num_speculative_tokens=3, ngram_min=1, ngram_max=3, steps_in_flight=steps_in_flight)
+    plans, built, follow_ups = [], set(), []
     launch, build = worker.runner.launch, worker.runner.inputs.build
-    worker.runner.launch = lambda plan: plans.append(plan) or launch(plan)
+    batch = worker.runner.batch
+
+    def recording_launch(plan):
+        plans.append(plan)
+        known = [batch.requests[r] for r in plan.num_scheduled_tokens if r in batch.requests]
+        follow_ups.append(any(state.num_unverified for state in known))
+        return launch(plan)
+
+    worker.runner.launch = recording_launch
     worker.runner.inputs.build = lambda *args, **kwargs: built.add(plans[-1].step_id) or build(*args, **kwargs)
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for _ in prompts]
     outputs = [result.token_ids for result in engine.generate(prompts, params)]
@@ -87,18 +97,22 @@ def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eag
                           if before.spec_token_ids and not plan.spec_token_ids
                           and set(plan.num_scheduled_tokens) <= set(before.num_scheduled_tokens)
                           and all(count == 1 for count in plan.num_scheduled_tokens.values())]
-    return outputs, after_verification
+    return outputs, after_verification, sum(follow_ups)
 
 
+@pytest.mark.parametrize("steps_in_flight", [1, MAX_STEPS_IN_FLIGHT], ids=["synchronous", "planned-ahead"])
 @pytest.mark.parametrize("quotes", [QUOTES[1:2], QUOTES], ids=["alone", "together"])
-def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, hf_model, quotes):
+def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, hf_model, quotes,
+                                                    steps_in_flight):
     """ngram's verification rows are decode rows; afterwards each request keeps the row of its last accepted token,
-    so the next decode builds nothing on the host, and the tokens are Hugging Face's and the eager engine's."""
+    so the next decode builds nothing on the host, and the tokens are Hugging Face's and the eager engine's. Planned
+    ahead, that decode is launched before the verification's outcome is known (its position is the device's)."""
     prompts = [hf_tokenizer(text).input_ids for text in quotes]
-    outputs, after_verification = _speculate(default_model_dir, prompts, 20, enforce_eager=False)
-    eager_outputs, eager_after = _speculate(default_model_dir, prompts, 20, enforce_eager=True)
+    outputs, after_verification, follow_ups = _speculate(default_model_dir, prompts, 20, False, steps_in_flight)
+    eager_outputs, eager_after, _ = _speculate(default_model_dir, prompts, 20, True, steps_in_flight)
     assert outputs == eager_outputs
     for prompt, tokens in zip(prompts, outputs):
         assert tokens == hf_greedy(hf_model, prompt, 20)
     assert after_verification and not any(after_verification)
     assert eager_after and all(eager_after)
+    assert (follow_ups > 0) == (steps_in_flight > 1)

@@ -14,7 +14,10 @@ class RequestState:
     """The worker's persistent copy of one request: the scheduler only sends diffs after the first step.
 
     Tokens sampled by a launched step reach `token_ids` when that step finishes; until then they are unresolved,
-    and the newest one is row `sampled_row` of the step `sampled_step`'s sampled-token tensor on the device.
+    and the newest one is row `sampled_row` of the step `sampled_step`'s sampled-token tensor on the device. A
+    launched step's proposals count as accepted, in the tokens and the computed ones, until it finishes (as the
+    scheduler counts them until it hears how many were): a decode after them continues on the device, from the row of
+    the last one accepted.
     """
 
     row: int  # the request's row in BatchState.block_table
@@ -24,7 +27,8 @@ class RequestState:
     sampling_params: SamplingParams
     num_prompt_tokens: int
     num_draft_computed: int = 0  # tokens whose KV the draft model holds (speculative method "draft")
-    num_unresolved: int = 0
+    num_unresolved: int = 0  # tokens launched steps add: each sampled one, and the proposals before it
+    num_unverified: int = 0  # proposals of launched steps
     sampled_step: int = -1
     sampled_row: int = -1
 
@@ -57,26 +61,32 @@ class BatchState:
             state.num_blocks = cached.num_blocks - len(cached.new_block_ids)  # drops a tail of rejected proposals
             if cached.new_block_ids:
                 self._append_blocks(state, cached.new_block_ids)
-            state.num_computed_tokens = cached.num_computed_tokens
-            state.num_draft_computed = min(state.num_draft_computed, cached.num_computed_tokens)  # rejected drafts'
 
     def record_launch(self, plan: StepPlan, states: list[RequestState], sampled: list[RequestState]) -> None:
-        """The step is on the device: its tokens count as computed, and each sampling request's new token is
-        unresolved, at its row of the step's sampled tensor."""
+        """The step is on the device: its tokens count as computed, and each sampling request's new token (after
+        its proposals) is unresolved, at its row of the step's sampled tensor."""
         for state, num_tokens in zip(states, plan.num_scheduled_tokens.values()):
             state.num_computed_tokens += num_tokens
         for row, state in enumerate(sampled):
             state.num_unresolved += 1
             state.sampled_step, state.sampled_row = plan.step_id, row
+        for request_id, proposed in plan.num_proposed.items():
+            state = self.requests[request_id]
+            state.num_unresolved += proposed
+            state.num_unverified += proposed
 
     @staticmethod
-    def resolve(sampled: list[RequestState], token_ids: list[int], accepted: list[list[int]] | None = None) -> None:
+    def resolve(sampled: list[RequestState], token_ids: list[int], num_proposed: list[int],
+                accepted: list[list[int]] | None = None) -> None:
         """A launched step finished: its sampled tokens, after the proposals each request accepted, join the
-        requests' token lists (also those dropped since)."""
-        for state, token_id, accepted_ids in zip(sampled, token_ids, accepted or repeat(())):
+        requests' token lists (also those dropped since), and the rejected ones stop counting as computed."""
+        for state, token_id, proposed, accepted_ids in zip(sampled, token_ids, num_proposed, accepted or repeat(())):
             state.token_ids += accepted_ids
             state.token_ids.append(token_id)
-            state.num_unresolved -= 1
+            state.num_unresolved -= 1 + proposed
+            state.num_unverified -= proposed
+            state.num_computed_tokens -= proposed - len(accepted_ids)
+            state.num_draft_computed = min(state.num_draft_computed, state.num_computed_tokens)
 
     def _take_row(self) -> int:
         if not self._free_rows:

@@ -93,6 +93,8 @@ class ModelRunner:
             logits = self.decode_graphs.replay(max(state.num_tokens for state in states))
             drafts, prompt_logprobs, decode_graph = None, None, True
         else:
+            if any(state.num_unverified for state in states):  # inputs built here need the verified positions
+                self.finish(self._unfinished[-1])
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
             sampling_rows = inputs.sampling_rows
@@ -137,8 +139,9 @@ class ModelRunner:
             if oldest.sample.drafts is not None:
                 oldest.sample.spec_token_ids = oldest.sample.drafts.on_host(results[2 * num_sampled:])
             result = self.sampler.finish(oldest.sample, token_ids, num_accepted)
-            accepted = result.accepted_token_ids
+            accepted, proposals = result.accepted_token_ids, oldest.sample.spec_token_ids
             self.batch.resolve(oldest.sampled, token_ids,
+                               [len(proposals.get(r, ())) for r in oldest.sample.request_ids],
                                [accepted.get(r, ()) for r in oldest.sample.request_ids] if accepted else None)
             prompt_logprobs = LogprobRows() if oldest.prompt_logprobs is None else oldest.prompt_logprobs.rows()
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
