@@ -34,6 +34,7 @@ class _StepDraft:
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # request id -> slots for the draft model's
     proposal_rows: int = 0  # how many more proposed tokens the step may carry
     decodes_only: bool = False  # every request of the step computes one token (and its proposals), none joins
+    followers: list[Request] = field(default_factory=list)  # held back by a decode-only verification
     preempted: bool = False
 
 
@@ -299,14 +300,19 @@ class Scheduler:
         draft.decodes_only = not prefills and not self._waiting and not draft.forked
         for request in decodes + prefills:
             self._schedule_running_request(request, draft)
+        if draft.decodes_only and not draft.num_scheduled_tokens:  # rather than leave the device idle
+            for request in draft.followers:
+                self._schedule_running_request(request, draft, follows=True)
 
-    def _schedule_running_request(self, request: Request, draft: _StepDraft) -> None:
+    def _schedule_running_request(self, request: Request, draft: _StepDraft, follows: bool = False) -> None:
         num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
                              draft.token_budget)
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
             return
         speculation = self.speculation
-        if speculation is not None and speculation.holds_back(request, draft.decodes_only):
+        if speculation is not None and not follows and speculation.holds_back(request):
+            if draft.decodes_only and speculation.may_follow(request):
+                draft.followers.append(request)
             return
         num_proposed, proposals = (0, []) if speculation is None \
             else speculation.propose(request, draft.token_budget, draft.proposal_rows)

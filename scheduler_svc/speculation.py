@@ -1,12 +1,13 @@
 """Speculative decoding in the scheduler: which requests get proposals, how many tokens, and the acceptance counts.
 
 Method "ngram" proposes tokens here; method "draft" only reserves the slots, which the worker's draft model fills at
-the start of the step. Requests keep the asynchronous schedule (the next step is planned while the last one runs):
-while a step verifies a request's proposals, they count as accepted, so its next decode takes the slot after the last
-of them, and the worker moves that decode to the real position on the device (it continues the verification's decode
-rows); the outcome gives the rejected ones' slots back. Only decode-only steps follow a decode-only verification that
-way; in any other the request waits for its outcome. It proposes again once its proposals are verified; meanwhile
-ngram proposes after guesses of the tokens that plain steps in flight sample. A request that the draft model serves
+the start of the step. A request whose proposals a step in flight verifies waits for that step's outcome, which says
+where its next tokens go, while the others keep the asynchronous schedule (the next step is planned while the last
+one runs); ngram may propose for them too, after guesses of the tokens that their steps in flight sample. Waiting
+leaves the device idle when nothing else would run: then a request whose verification step only decodes gets its next
+decode anyway, in a step that only decodes. Its proposals count as accepted until the outcome, so that decode takes
+the slot after the last of them, and the worker moves it to the real position on the device (it continues the
+verification's decode rows); the outcome gives the rejected ones' slots back. A request that the draft model serves
 waits for its step in flight, as the draft needs its newest token.
 A step carries proposals only while its rows (one per request, one per proposed token) stay within max_num_seqs, so
 a decode step with proposals still replays a captured graph."""
@@ -61,14 +62,15 @@ class Speculation:
         return (not params.bad_words_token_ids and request.num_output_tokens >= params.min_tokens
                 and not (params.has_penalties and self.proposer is None))
 
-    def holds_back(self, request: Request, decodes_only: bool) -> bool:
-        """Whether the request waits for its step in flight: one that verifies its proposals, unless both that step
-        and the one being planned (`decodes_only`) only decode; and, for the draft model, any, as the draft needs
-        the newest token of a request it drafts for."""
-        verifying_step_decodes_only = self._verifying.get(request.request_id)
-        if verifying_step_decodes_only is not None:
-            return not (verifying_step_decodes_only and decodes_only)
-        return self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request)
+    def holds_back(self, request: Request) -> bool:
+        """Whether the request waits for its step in flight: one that verifies its proposals, or any for the draft
+        model, which needs the newest token of a request it drafts for."""
+        return request.request_id in self._verifying or (
+            self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request))
+
+    def may_follow(self, request: Request) -> bool:
+        """Whether a request held back by its verification may decode before the outcome: its step only decodes."""
+        return self._verifying.get(request.request_id, False)
 
     def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> tuple[int, list[int]]:
         """(how many tokens to propose, ngram's proposals: none for the draft method, whose worker makes them): at most

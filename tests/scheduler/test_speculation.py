@@ -176,10 +176,11 @@ def test_planned_ahead_requests_propose_after_guesses_and_keep_greedy_outputs():
     assert 0 < load.num_accepted_tokens < load.num_draft_tokens
 
 
-def test_a_verifying_request_decodes_on_in_decode_only_steps():
-    """Planned ahead, a request whose proposals are being verified takes its next decode at the slot after them (the
-    worker's decode continues from the last accepted one) in a step that only decodes; a step that also prefills
-    leaves it to wait. Outputs stay the greedy ones, no token past max_tokens is sampled, and no block is left."""
+def test_verifying_requests_decode_on_rather_than_leave_the_device_idle():
+    """Planned ahead, requests whose proposals are being verified wait for the outcome unless the step would carry
+    nothing else: then they take their next decode at the slot after the proposals (the worker's decode continues
+    from the last accepted one), in a step that only decodes; a step that also prefills leaves them to wait. Outputs
+    stay the greedy ones, no token past max_tokens is sampled, and no block is left."""
     def requests():
         return [make_request("r0", _prompt(20), max_tokens=40), make_request("r1", _prompt(21), max_tokens=37)]
 
@@ -198,7 +199,9 @@ def test_a_verifying_request_decodes_on_in_decode_only_steps():
             decodes_only = not plan.new_requests and all(
                 count == 1 + plan.num_proposed.get(request_id, 0)
                 for request_id, count in plan.num_scheduled_tokens.items())
-            follow_ups[decodes_only] += len(verifying & set(plan.num_scheduled_tokens))
+            following = verifying & set(plan.num_scheduled_tokens)
+            assert not following or following == set(plan.num_scheduled_tokens)
+            follow_ups[decodes_only] += len(following)
             held += 0 if decodes_only else len(verifying - set(plan.num_scheduled_tokens))
             in_flight.append((plan, worker.execute(plan)))
         updates += scheduler.update_from_outcome(*in_flight.popleft())
