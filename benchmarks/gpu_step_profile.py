@@ -1,11 +1,12 @@
 """Where a throughput run's time goes, in process (run on a CUDA machine).
 
-Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights) and records every step's kind (pure
-decode, or carrying prefill tokens), size, and the host time of its launch and of its finish (which waits for the
-device); then runs a second workload (other prompts, so no prefix-cache hits) under torch.profiler windows over mixed
-and decode steps and prints the top operators. JSON goes to the first argument; the sampling controls of
-`sluice bench` (`--temperature`, `--top-p`, `--logprobs`, ...) set the requests' (greedy by default), and
-`--kv-cache-dtype fp8` runs the worker on an FP8 cache.
+Runs the standard throughput workload (Qwen3-0.6B shapes, dummy bf16 weights; `--model`, `--num-requests`,
+`--input-len` and `--output-len` change it) and records every step's kind (pure decode, or carrying prefill tokens),
+size, and the host time of its launch and of its finish (which waits for the device); then runs a second workload
+(other prompts, so no prefix-cache hits) under torch.profiler windows over mixed and decode steps and prints the top
+operators. JSON goes to the first argument; the sampling controls of `sluice bench` (`--temperature`, `--top-p`,
+`--logprobs`, ...) set the requests' (greedy by default), and `--quantization fp8` and `--kv-cache-dtype fp8` run
+the worker on FP8 weights and an FP8 cache.
 """
 import argparse
 import json
@@ -20,9 +21,6 @@ from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
-
-SHAPE = "Qwen3-0.6B"
-
 
 class TimedWorker:
     """Wraps WorkerEngine.launch and finish: records each step's kind, size and host times; profiles step windows."""
@@ -70,11 +68,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="?", default="gpu_step_profile.json")
     parser.add_argument("--seed", type=int, default=0, help="of the sampled draws")
+    parser.add_argument("--model", default="Qwen3-0.6B", help="a model shape of the dummy weights")
+    parser.add_argument("--quantization", choices=["auto", "fp8"], default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto (the model dtype) or fp8")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
     add_sampling_options(parser)
     args = parser.parse_args()
-    worker = WorkerEngine.load(WorkerConfig(model=SHAPE, load_format="dummy", dtype="bfloat16", device="cuda",
-                                            kv_cache_dtype=args.kv_cache_dtype))
+    worker = WorkerEngine.load(WorkerConfig(model=args.model, load_format="dummy", dtype="bfloat16", device="cuda",
+                                            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
     engine = OfflineEngine(worker, max_model_len=4096)
     vocab_size = worker.model_config.vocab_size
     engine.generate(*_workload(4, vocab_size, 2, args))  # warm-up
@@ -83,7 +86,7 @@ def main() -> None:
         timed = TimedWorker(worker, windows)
         engine.worker = timed
         started = time.perf_counter()
-        outputs = engine.generate(*_workload(256, vocab_size, seed, args))
+        outputs = engine.generate(*_workload(args.num_requests, vocab_size, seed, args))
         wall = time.perf_counter() - started
         summary = {"wall_s": wall, "output_tok_per_s": sum(len(o.token_ids) for o in outputs) / wall,
                    "steps": len(timed.steps)}
@@ -106,7 +109,8 @@ def main() -> None:
 
 def _workload(num_requests: int, vocab_size: int, seed: int,
               args: argparse.Namespace) -> tuple[list[list[int]], list[SamplingParams]]:
-    requests = with_sampling(random_workload(num_requests, (100, 1024), (100, 1024), vocab_size, seed), args)
+    requests = with_sampling(random_workload(num_requests, tuple(args.input_len), tuple(args.output_len), vocab_size,
+                                             seed), args)
     return [r.prompt_token_ids for r in requests], [r.sampling_params() for r in requests]
 
 
