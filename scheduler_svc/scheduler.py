@@ -303,6 +303,8 @@ class Scheduler:
         if draft.decodes_only and not draft.num_scheduled_tokens:  # rather than leave the device idle
             for request in draft.followers:
                 self._schedule_running_request(request, draft, follows=True)
+                if request.request_id in draft.num_scheduled_tokens:
+                    self.speculation.followed(request.request_id)
 
     def _schedule_running_request(self, request: Request, draft: _StepDraft, follows: bool = False) -> None:
         num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
@@ -311,9 +313,11 @@ class Scheduler:
             return
         speculation = self.speculation
         if speculation is not None and not follows and speculation.holds_back(request):
-            if draft.decodes_only and speculation.may_follow(request):
+            if not (draft.decodes_only and speculation.may_follow(request)):
+                return
+            if not speculation.is_following(request):
                 draft.followers.append(request)
-            return
+                return
         num_proposed, proposals = (0, []) if speculation is None \
             else speculation.propose(request, draft.token_budget, draft.proposal_rows)
         while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + num_proposed)) is None:

@@ -5,7 +5,7 @@ the start of the step. A request whose proposals a step in flight verifies waits
 where its next tokens go, while the others keep the asynchronous schedule (the next step is planned while the last
 one runs); ngram may propose for them too, after guesses of the tokens that their steps in flight sample. Waiting
 leaves the device idle when nothing else would run: then a request whose verification step only decodes gets its next
-decode anyway, in a step that only decodes. Its proposals count as accepted until the outcome, so that decode takes
+decode anyway, in a step that only decodes, and keeps getting them in such steps until the outcome. Its proposals count as accepted until the outcome, so that decode takes
 the slot after the last of them, and the worker moves it to the real position on the device (it continues the
 verification's decode rows); the outcome gives the rejected ones' slots back. A request that the draft model serves
 waits for its step in flight, as the draft needs its newest token.
@@ -49,6 +49,7 @@ class Speculation:
             if config.speculative_method == "ngram" else None
         self.stats = SpecDecodeStats(num_accepted_per_position=[0] * config.num_speculative_tokens)
         self._verifying: dict[str, bool] = {}  # requests with proposals in flight -> whether their step only decodes
+        self._following: set[str] = set()  # verifying requests with decodes planned after their proposals
         self._misses: dict[str, _Misses] = {}
 
     def applies_to(self, request: Request) -> bool:
@@ -71,6 +72,12 @@ class Speculation:
     def may_follow(self, request: Request) -> bool:
         """Whether a request held back by its verification may decode before the outcome: its step only decodes."""
         return self._verifying.get(request.request_id, False)
+
+    def is_following(self, request: Request) -> bool:
+        return request.request_id in self._following
+
+    def followed(self, request_id: str) -> None:
+        self._following.add(request_id)
 
     def propose(self, request: Request, token_budget: int, max_num_tokens: int) -> tuple[int, list[int]]:
         """(how many tokens to propose, ngram's proposals: none for the draft method, whose worker makes them): at most
@@ -100,6 +107,7 @@ class Speculation:
         request lets 1, 3, 7, ... (at most MAX_SKIPS) chances to propose pass: a verification costs rows, and often a
         step's wait."""
         self._verifying.pop(request_id, None)
+        self._following.discard(request_id)
         self.stats.record(num_proposed, num_accepted)
         if num_accepted:
             self._misses.pop(request_id, None)
@@ -111,9 +119,11 @@ class Speculation:
     def dropped(self, request_id: str) -> None:
         """The request's steps in flight no longer count (it was preempted)."""
         self._verifying.pop(request_id, None)
+        self._following.discard(request_id)
 
     def forget(self, request_id: str) -> None:
         self._verifying.pop(request_id, None)
+        self._following.discard(request_id)
         self._misses.pop(request_id, None)
         if self.proposer is not None:
             self.proposer.forget(request_id)

@@ -2,6 +2,8 @@
 CPU the buffers run uncaptured, so the same bookkeeping is held here to Hugging Face's greedy output and to
 `--enforce-eager` (every step built on the host): requests that finish at different lengths (rows move), a KV pool
 small enough to force preemptions (rows reorder, requests rejoin), and contexts that cross block boundaries."""
+import random
+
 import pytest
 
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
@@ -116,3 +118,33 @@ def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokeni
     assert after_verification and not any(after_verification)
     assert eager_after and all(eager_after)
     assert (follow_ups > 0) == (steps_in_flight > 1)
+
+
+def _random_workload(model_dir, speculative: bool) -> tuple[list[list[int]], int]:
+    """Fourteen random prompts and lengths, six running at once, planned ahead: the outputs, and how many requests
+    were launched before their proposals' verification finished."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 2000) for _ in range(rng.randrange(4, 30))] for _ in range(14)]
+    params = [SamplingParams(max_tokens=rng.randrange(5, 40), temperature=0.0, ignore_eos=True) for _ in prompts]
+    worker = WorkerEngine.load(WorkerConfig(model=str(model_dir)))
+    speculation = dict(speculative_method="ngram", num_speculative_tokens=3, ngram_min=1, ngram_max=3) \
+        if speculative else {}
+    engine = OfflineEngine(worker, num_blocks=64, max_num_seqs=6, steps_in_flight=MAX_STEPS_IN_FLIGHT, **speculation)
+    launch, batch, follow_ups = worker.runner.launch, worker.runner.batch, []
+
+    def recording_launch(plan):
+        known = [batch.requests[r] for r in plan.num_scheduled_tokens if r in batch.requests]
+        follow_ups.extend(state for state in known if state.num_unverified)
+        return launch(plan)
+
+    worker.runner.launch = recording_launch
+    return [result.token_ids for result in engine.generate(prompts, params)], len(follow_ups)
+
+
+def test_requests_joining_and_leaving_around_verifications_keep_their_tokens(default_model_dir):
+    """Decodes launched before their request's verification finished, in steps among joins, leaves and other
+    verifications (a request that skips a step after such a decode has its inputs built on the host, which waits
+    for the steps that hold its position and newest token): the tokens are those without speculation."""
+    outputs, follow_ups = _random_workload(default_model_dir, speculative=True)
+    assert follow_ups > 0
+    assert outputs == _random_workload(default_model_dir, speculative=False)[0]

@@ -93,8 +93,7 @@ class ModelRunner:
             logits = self.decode_graphs.replay(max(state.num_tokens for state in states))
             drafts, prompt_logprobs, decode_graph = None, None, True
         else:
-            if any(state.num_unverified for state in states):  # inputs built here need the verified positions
-                self.finish(self._unfinished[-1])
+            self._finish_for_host_inputs(states)
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
             sampling_rows = inputs.sampling_rows
@@ -148,6 +147,17 @@ class ModelRunner:
                                          prompt_logprobs, result.grammar_completed_request_ids,
                                          result.grammar_errors, accepted)
         return step.outcome
+
+    def _finish_for_host_inputs(self, states: list[RequestState]) -> None:
+        """Inputs built on the host need each request's proposals verified (its position) and its newest token on
+        the host or among the previous step's samples: finishes the steps that still hold either (a request whose
+        decode followed its verification on the device, then skipped a step)."""
+        previous = -1 if self._previous is None else self._previous.step_id
+        needed = [state.sampled_step for state in states
+                  if state.num_unverified or (state.num_unresolved and state.sampled_step != previous)]
+        if needed:
+            newest = max(needed)
+            self.finish(next(step for step in self._unfinished if step.step_id == newest))
 
     def _inputs(self, plan: StepPlan, request_ids: list[str],
                 states: list[RequestState]) -> tuple[LogitsRows, StepInputs, Drafts | None]:
