@@ -5,10 +5,10 @@ the start of the step. A request whose proposals a step in flight verifies waits
 where its next tokens go, while the others keep the asynchronous schedule (the next step is planned while the last
 one runs); ngram may propose for them too, after guesses of the tokens that their steps in flight sample. Waiting
 leaves the device idle when nothing else would run: then a request whose verification step only decodes gets its next
-decode anyway, in a step that only decodes, and keeps getting them in such steps until the outcome. Its proposals count as accepted until the outcome, so that decode takes
-the slot after the last of them, and the worker moves it to the real position on the device (it continues the
-verification's decode rows); the outcome gives the rejected ones' slots back. A request that the draft model serves
-waits for its step in flight, as the draft needs its newest token.
+decode anyway, in a step that only decodes, and keeps getting them in such steps until the outcome. Its proposals
+count as accepted until then, so that decode takes the slot after the last of them, and the worker moves it to the
+real position on the device (it continues the verification's decode rows); the outcome gives the rejected ones' slots
+back. A request that the draft model serves waits for its step in flight, as the draft needs its newest token.
 A step carries proposals only while its rows (one per request, one per proposed token) stay within max_num_seqs, so
 a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
