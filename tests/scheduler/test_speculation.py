@@ -137,12 +137,13 @@ def test_rejected_proposals_free_their_blocks_and_never_reach_the_prefix_cache(s
 
 
 @each_method
-def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact(speculation):
+@pytest.mark.parametrize("steps_in_flight", [1, MAX_STEPS_IN_FLIGHT], ids=["synchronous", "planned-ahead"])
+def test_preemption_with_proposals_in_flight_keeps_outputs_and_blocks_exact(speculation, steps_in_flight):
     def requests():
-        return [make_request(f"r{i}", _prompt(10 + i), max_tokens=24) for i in range(6)]
+        return [make_request(f"r{i}", _prompt(10 + i), max_tokens=24 + 3 * i) for i in range(6)]
 
     plain, _, _ = _run(requests())
-    speculative, _, scheduler = _run(requests(), num_blocks=14, **speculation)
+    speculative, _, scheduler = _run(requests(), num_blocks=14, steps_in_flight=steps_in_flight, **speculation)
     assert speculative == plain
     assert scheduler.num_preemptions > 0
 
