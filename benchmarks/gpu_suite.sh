@@ -14,6 +14,7 @@
 #   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
 #   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
 #   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out, bf16 against FP8 weights and KV cache
+#   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -64,6 +65,17 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
         echo "-- 400 x 1,000 in / 1,000 out ${flags:-bf16}"
         BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 --input-len 1000 1000 \
           --output-len 1000 1000 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
+      done ;;
+    speculation)
+      for round in 1 2; do
+        for flags in "" "--speculative-method ngram"; do
+          echo "-- batch 1 ${flags:-without speculation}, round $round"
+          bench latency --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/latency_spec${flags//[ .-]/}_$round.json"
+        done
+      done
+      for flags in "" "--speculative-method ngram"; do
+        echo "-- standard workload ${flags:-without speculation}"
+        bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/throughput_spec${flags//[ .-]/}.json"
       done ;;
     sampling)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_seeded_uniform.py \
