@@ -24,7 +24,9 @@ class NewRequest:
 class CachedRequest:
     request_id: str
     new_block_ids: list[int]  # appended to the worker's copy of the block table
-    num_computed_tokens: int  # tokens whose KV is in the cache before this step
+    # tokens whose KV is in the cache before this step, as the scheduler counts them (proposals still being verified
+    # count as accepted; the worker keeps its own count, which its verifications correct)
+    num_computed_tokens: int
     num_blocks: int  # the table's length with the new blocks; blocks past it are dropped (rejected proposals')
 
 
