@@ -1,7 +1,7 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
 fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON. --what weights compares
 --quantization fp8 with auto, --what kv-cache --kv-cache-dtype fp8 with auto.
-Run from the repository root: python -P benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
+Run from the repository root: PYTHONPATH=. python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
 [--tokens 40] [--dtype float32]; with --load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda)
 the prompts and the text are random token ids."""
 import argparse
