@@ -14,6 +14,7 @@
 #   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
 #   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
 #   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out, bf16 against FP8 weights and KV cache
+#   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
 #   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -66,6 +67,9 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
         BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 --input-len 1000 1000 \
           --output-len 1000 1000 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
       done ;;
+    fp8profile)
+      timeout 400 python3 benchmarks/gpu_step_profile.py "$OUT/profile_8b_fp8.json" --model Llama-3.1-8B $FP8 \
+        --num-requests 400 --input-len 1000 1000 --output-len 1000 1000 2>&1 | grep -v Warning | head -60 ;;
     speculation)
       for round in 1 2; do
         for flags in "" "--speculative-method ngram"; do
