@@ -4,8 +4,10 @@ Method "ngram" proposes tokens here; method "draft" only reserves the slots, whi
 the start of the step. A request whose proposals a step in flight verifies waits for that step's outcome, which says
 where its next tokens go, while the others keep the asynchronous schedule (the next step is planned while the last
 one runs); ngram may propose for them too, after guesses of the tokens that their steps in flight sample. Waiting
-leaves the device idle when nothing else would run: then a request whose verification step only decodes gets its next
-decode anyway, in a step that only decodes, and keeps getting them in such steps until the outcome. Its proposals
+leaves the device idle when nothing else would run: then a request whose last verification accepted nothing, and
+whose verification step only decodes, gets its next decode anyway, in a step that only decodes, and keeps getting them
+in such steps until the outcome (a request whose proposals are being accepted waits: its next proposals, made from the
+real tokens, are worth the round trip). Its proposals
 count as accepted until then, so that decode takes the slot after the last of them, and the worker moves it to the
 real position on the device (it continues the verification's decode rows); the outcome gives the rejected ones' slots
 back. A request that the draft model serves waits for its step in flight, as the draft needs its newest token.
@@ -48,7 +50,7 @@ class Speculation:
         self.proposer = NgramProposer(config.ngram_min, config.ngram_max) \
             if config.speculative_method == "ngram" else None
         self.stats = SpecDecodeStats(num_accepted_per_position=[0] * config.num_speculative_tokens)
-        self._verifying: dict[str, bool] = {}  # requests with proposals in flight -> whether their step only decodes
+        self._verifying: dict[str, bool] = {}  # requests with proposals in flight -> whether a decode may follow
         self._following: set[str] = set()  # verifying requests with decodes planned after their proposals
         self._misses: dict[str, _Misses] = {}
 
@@ -70,7 +72,8 @@ class Speculation:
             self.proposer is None and request.num_output_placeholders > 0 and self.applies_to(request))
 
     def may_follow(self, request: Request) -> bool:
-        """Whether a request held back by its verification may decode before the outcome: its step only decodes."""
+        """Whether a request held back by its verification may decode before the outcome: the step only decodes, and
+        the request's verification before it accepted nothing."""
         return self._verifying.get(request.request_id, False)
 
     def is_following(self, request: Request) -> bool:
@@ -100,7 +103,7 @@ class Speculation:
         return len(proposals), proposals
 
     def launched(self, request_id: str, decodes_only: bool) -> None:
-        self._verifying[request_id] = decodes_only
+        self._verifying[request_id] = decodes_only and request_id in self._misses
 
     def verified(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """A step's proposals for the request came back. After verifications in a row that accept nothing, the

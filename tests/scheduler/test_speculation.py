@@ -226,6 +226,42 @@ def _never_repeating_model(context: list[int]) -> int:
     return 1 if context[-1] != 1 else context.count(1) + 1
 
 
+def _pure_cycle_model(context: list[int]) -> int:
+    """A cycle of 12 tokens, never broken: every ngram proposal is right."""
+    return 1 + context[-1] % 12
+
+
+@pytest.mark.parametrize("model", [_pure_cycle_model, _cycling_model], ids=["all-accepted", "some-rejected"])
+def test_only_requests_whose_last_proposals_failed_decode_before_their_outcome(model):
+    """Alone (so waiting idles the device), a request whose proposals are being accepted waits for each outcome, as
+    its next proposals, made from the real tokens, are worth it; one whose last verification accepted nothing
+    decodes on."""
+    scheduler = make_scheduler(num_blocks=128, block_size=4, **NGRAM)
+    prompt = [3]
+    while len(prompt) < 24:
+        prompt.append(model(prompt))
+    scheduler.add_request(make_request("r", prompt, max_tokens=300))
+    worker = FakeWorker(block_size=4, model=model)
+    in_flight, followed, last_accepted = deque(), 0, None
+    while scheduler.has_unfinished_requests() or in_flight:
+        while len(in_flight) < MAX_STEPS_IN_FLIGHT and scheduler.has_unfinished_requests():
+            verifying = set(scheduler.speculation._verifying)
+            plan = scheduler.schedule()
+            if plan.is_empty:
+                break
+            if verifying & set(plan.num_scheduled_tokens):
+                assert last_accepted == 0  # the verification before the one in flight accepted nothing
+                followed += 1
+            in_flight.append((plan, worker.execute(plan)))
+        plan, outcome = in_flight.popleft()
+        scheduler.update_from_outcome(plan, outcome)
+        if plan.spec_token_ids:
+            last_accepted = len(outcome.accepted_token_ids["r"])
+    load = scheduler.get_load()
+    assert 0 < load.num_accepted_tokens <= load.num_draft_tokens
+    assert (followed > 0) == (load.num_accepted_tokens < load.num_draft_tokens)
+
+
 def test_requests_whose_proposals_all_fail_propose_ever_less_often():
     """Proposals cost a request a step's wait; after verifications that accept nothing a request lets 1, 3, 7, ...
     chances to propose pass."""
