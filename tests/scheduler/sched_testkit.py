@@ -163,9 +163,12 @@ def run_to_completion(scheduler: Scheduler, worker: FakeWorker, max_steps: int =
     return updates, steps
 
 
-def run_ahead(scheduler: Scheduler, worker: FakeWorker, steps_in_flight: int, max_steps: int = 10_000):
+def run_ahead(scheduler: Scheduler, worker: FakeWorker, steps_in_flight: int, max_steps: int = 10_000,
+              on_plan: Callable[[StepPlan], None] | None = None,
+              on_outcome: Callable[[StepPlan, StepOutcome], None] | None = None):
     """run_to_completion with up to steps_in_flight steps planned before the oldest one's outcome is applied, as
-    the engine loop plans them; the fake worker executes each plan as it is made."""
+    the engine loop plans them; the fake worker executes each plan as it is made. on_plan sees each plan as it is
+    made, on_outcome each step once its outcome is applied."""
     updates, steps, in_flight = [], 0, deque()
     while scheduler.has_unfinished_requests() or in_flight:
         assert steps < max_steps, "no progress"
@@ -173,7 +176,12 @@ def run_ahead(scheduler: Scheduler, worker: FakeWorker, steps_in_flight: int, ma
             plan = scheduler.schedule()
             if plan.is_empty:
                 break
+            if on_plan is not None:
+                on_plan(plan)
             in_flight.append((plan, worker.execute(plan)))
-        updates += scheduler.update_from_outcome(*in_flight.popleft())
+        plan, outcome = in_flight.popleft()
+        updates += scheduler.update_from_outcome(plan, outcome)
+        if on_outcome is not None:
+            on_outcome(plan, outcome)
         steps += 1
     return updates, steps

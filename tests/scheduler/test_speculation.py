@@ -1,8 +1,6 @@
 """Speculative decoding in the scheduler: ngram proposals, the slots reserved for the worker's draft model, the steps
 that carry them, and the bookkeeping of what the worker accepted (tokens, KV slots, prefix-cache hashes), against the
 fake worker's token-level KV cache."""
-from collections import deque
-
 import pytest
 
 from scheduler_svc.ngram_proposer import NgramProposer
@@ -177,6 +175,11 @@ def test_planned_ahead_requests_propose_after_guesses_and_keep_greedy_outputs():
     assert 0 < load.num_accepted_tokens < load.num_draft_tokens
 
 
+def _verifying_before(scheduler, plan) -> set[str]:
+    """The requests whose proposals were in flight when the plan was made (none proposes again until verified)."""
+    return set(scheduler.speculation._verifying) - set(plan.num_proposed)
+
+
 def test_verifying_requests_decode_on_rather_than_leave_the_device_idle():
     """Planned ahead, requests whose proposals are being verified wait for the outcome unless the step would carry
     nothing else: then they take their next decode at the slot after the proposals (the worker's decode continues
@@ -191,31 +194,28 @@ def test_verifying_requests_decode_on_rather_than_leave_the_device_idle():
     worker = _worker()
     for request in requests():
         scheduler.add_request(request)
-    in_flight, updates, follow_ups, held, requests_added = deque(), [], {True: 0, False: 0}, 0, set()
-    followers = set()
-    while scheduler.has_unfinished_requests() or in_flight:
-        while len(in_flight) < MAX_STEPS_IN_FLIGHT and scheduler.has_unfinished_requests():
-            verifying = set(scheduler.speculation._verifying)
-            plan = scheduler.schedule()
-            if plan.is_empty:
-                break
-            decodes_only = not plan.new_requests and all(
-                count == 1 + plan.num_proposed.get(request_id, 0)
-                for request_id, count in plan.num_scheduled_tokens.items())
-            scheduled = set(plan.num_scheduled_tokens)
-            following = verifying & scheduled
-            if following != scheduled:  # among other requests: only those that began following in an empty step
-                assert following <= followers
-            followers = (followers & verifying) | following
-            follow_ups[decodes_only] += len(following)
-            held += 0 if decodes_only else len(verifying - set(plan.num_scheduled_tokens))
-            in_flight.append((plan, worker.execute(plan)))
-        updates += scheduler.update_from_outcome(*in_flight.popleft())
-        if "late" not in requests_added and 12 <= len(worker.sampled_log["r0"]) < 40:
-            requests_added.add("late")
+    follow_ups, held, followers = {True: 0, False: 0}, [0], set()
+
+    def on_plan(plan):
+        nonlocal followers
+        verifying, scheduled = _verifying_before(scheduler, plan), set(plan.num_scheduled_tokens)
+        decodes_only = not plan.new_requests and all(count == 1 + plan.num_proposed.get(request_id, 0)
+                                                      for request_id, count in plan.num_scheduled_tokens.items())
+        following = verifying & scheduled
+        if following != scheduled:  # among other requests: only those that began following in an empty step
+            assert following <= followers
+        followers = (followers & verifying) | following
+        follow_ups[decodes_only] += len(following)
+        held[0] += 0 if decodes_only else len(verifying - scheduled)
+
+    def on_outcome(plan, outcome):
+        if scheduler.get_request("late") is None and "late" not in worker.sampled_log \
+                and 12 <= len(worker.sampled_log["r0"]) < 40:
             scheduler.add_request(make_request("late", _prompt(30), max_tokens=4))  # prefills in 8-token chunks
+
+    updates, _ = run_ahead(scheduler, worker, MAX_STEPS_IN_FLIGHT, on_plan=on_plan, on_outcome=on_outcome)
     assert {k: v for k, v in _outputs(updates).items() if k != "late"} == plain
-    assert follow_ups[True] > 0 and follow_ups[False] == 0 and held > 0
+    assert follow_ups[True] > 0 and follow_ups[False] == 0 and held[0] > 0
     assert {request_id: len(tokens) for request_id, tokens in worker.sampled_log.items()} == \
         {"r0": 40, "r1": 37, "late": 4}
     assert scheduler.block_manager.num_used_blocks == 0
@@ -241,25 +241,22 @@ def test_only_requests_whose_last_proposals_failed_decode_before_their_outcome(m
     while len(prompt) < 24:
         prompt.append(model(prompt))
     scheduler.add_request(make_request("r", prompt, max_tokens=300))
-    worker = FakeWorker(block_size=4, model=model)
-    in_flight, followed, last_accepted = deque(), 0, None
-    while scheduler.has_unfinished_requests() or in_flight:
-        while len(in_flight) < MAX_STEPS_IN_FLIGHT and scheduler.has_unfinished_requests():
-            verifying = set(scheduler.speculation._verifying)
-            plan = scheduler.schedule()
-            if plan.is_empty:
-                break
-            if verifying & set(plan.num_scheduled_tokens):
-                assert last_accepted == 0  # the verification before the one in flight accepted nothing
-                followed += 1
-            in_flight.append((plan, worker.execute(plan)))
-        plan, outcome = in_flight.popleft()
-        scheduler.update_from_outcome(plan, outcome)
+    followed, last_accepted = [], [None]
+
+    def on_plan(plan):
+        if _verifying_before(scheduler, plan) & set(plan.num_scheduled_tokens):
+            assert last_accepted[0] == 0  # the verification before the one in flight accepted nothing
+            followed.append(plan.step_id)
+
+    def on_outcome(plan, outcome):
         if plan.spec_token_ids:
-            last_accepted = len(outcome.accepted_token_ids["r"])
+            last_accepted[0] = len(outcome.accepted_token_ids["r"])
+
+    run_ahead(scheduler, FakeWorker(block_size=4, model=model), MAX_STEPS_IN_FLIGHT, on_plan=on_plan,
+              on_outcome=on_outcome)
     load = scheduler.get_load()
     assert 0 < load.num_accepted_tokens <= load.num_draft_tokens
-    assert (followed > 0) == (load.num_accepted_tokens < load.num_draft_tokens)
+    assert bool(followed) == (load.num_accepted_tokens < load.num_draft_tokens)
 
 
 def test_requests_whose_proposals_all_fail_propose_ever_less_often():
