@@ -74,24 +74,30 @@ QUOTES = [f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH
           "Say it twice: the sun is warm. Again: the", "Say it twice: bees make honey. Again: bees"]
 
 
-def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool, steps_in_flight: int):
-    """The outputs; for each step that followed a verification and decoded some of its requests without proposals,
-    whether it built its inputs on the host; and how many steps were launched before the verification of one of
-    their requests' proposals finished."""
-    worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
-    engine = OfflineEngine(worker, num_blocks=24, max_num_seqs=16, speculative_method="ngram",
-                           num_speculative_tokens=3, ngram_min=1, ngram_max=3, steps_in_flight=steps_in_flight)
-    plans, built, follow_ups = [], set(), []
-    launch, build = worker.runner.launch, worker.runner.inputs.build
-    batch = worker.runner.batch
+def _record_launches(worker: WorkerEngine) -> tuple[list[StepPlan], list[int]]:
+    """Wraps the runner's launch: the plans launched, and for each, how many of its requests had proposals whose
+    verification had not finished."""
+    plans, follow_ups, launch, batch = [], [], worker.runner.launch, worker.runner.batch
 
     def recording_launch(plan):
         plans.append(plan)
         known = [batch.requests[r] for r in plan.num_scheduled_tokens if r in batch.requests]
-        follow_ups.append(any(state.num_unverified for state in known))
+        follow_ups.append(sum(1 for state in known if state.num_unverified))
         return launch(plan)
 
     worker.runner.launch = recording_launch
+    return plans, follow_ups
+
+
+def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool, steps_in_flight: int):
+    """The outputs; for each step that followed a verification and decoded some of its requests without proposals,
+    whether it built its inputs on the host; and how many requests were launched before the verification of their
+    proposals finished."""
+    worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
+    engine = OfflineEngine(worker, num_blocks=24, max_num_seqs=16, speculative_method="ngram",
+                           num_speculative_tokens=3, ngram_min=1, ngram_max=3, steps_in_flight=steps_in_flight)
+    plans, follow_ups = _record_launches(worker)
+    built, build = set(), worker.runner.inputs.build
     worker.runner.inputs.build = lambda *args, **kwargs: built.add(plans[-1].step_id) or build(*args, **kwargs)
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True) for _ in prompts]
     outputs = [result.token_ids for result in engine.generate(prompts, params)]
@@ -130,15 +136,8 @@ def _random_workload(model_dir, speculative: bool) -> tuple[list[list[int]], int
     speculation = dict(speculative_method="ngram", num_speculative_tokens=3, ngram_min=1, ngram_max=3) \
         if speculative else {}
     engine = OfflineEngine(worker, num_blocks=64, max_num_seqs=6, steps_in_flight=MAX_STEPS_IN_FLIGHT, **speculation)
-    launch, batch, follow_ups = worker.runner.launch, worker.runner.batch, []
-
-    def recording_launch(plan):
-        known = [batch.requests[r] for r in plan.num_scheduled_tokens if r in batch.requests]
-        follow_ups.extend(state for state in known if state.num_unverified)
-        return launch(plan)
-
-    worker.runner.launch = recording_launch
-    return [result.token_ids for result in engine.generate(prompts, params)], len(follow_ups)
+    _, follow_ups = _record_launches(worker)
+    return [result.token_ids for result in engine.generate(prompts, params)], sum(follow_ups)
 
 
 def test_requests_joining_and_leaving_around_verifications_keep_their_tokens(default_model_dir):

@@ -1,5 +1,4 @@
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -76,17 +75,20 @@ class BatchState:
             state.num_unverified += proposed
 
     @staticmethod
-    def resolve(sampled: list[RequestState], token_ids: list[int], num_proposed: list[int],
-                accepted: list[list[int]] | None = None) -> None:
-        """A launched step finished: its sampled tokens, after the proposals each request accepted, join the
-        requests' token lists (also those dropped since), and the rejected ones stop counting as computed."""
-        for state, token_id, proposed, accepted_ids in zip(sampled, token_ids, num_proposed, accepted or repeat(())):
-            state.token_ids += accepted_ids
+    def resolve(sampled: list[RequestState], request_ids: list[str], token_ids: list[int],
+                proposals: dict[str, list[int]], accepted: dict[str, list[int]]) -> None:
+        """A launched step finished: its sampled tokens, after the leading ones of its `proposals` that each request
+        accepted, join the requests' token lists (also those dropped since); the rejected ones stop counting."""
+        for state, request_id, token_id in zip(sampled, request_ids, token_ids):
+            if request_id in proposals:
+                num_proposed, taken = len(proposals[request_id]), accepted[request_id]
+                state.token_ids += taken
+                state.num_unresolved -= num_proposed
+                state.num_unverified -= num_proposed
+                state.num_computed_tokens -= num_proposed - len(taken)
+                state.num_draft_computed = min(state.num_draft_computed, state.num_computed_tokens)
             state.token_ids.append(token_id)
-            state.num_unresolved -= 1 + proposed
-            state.num_unverified -= proposed
-            state.num_computed_tokens -= proposed - len(accepted_ids)
-            state.num_draft_computed = min(state.num_draft_computed, state.num_computed_tokens)
+            state.num_unresolved -= 1
 
     def _take_row(self) -> int:
         if not self._free_rows:

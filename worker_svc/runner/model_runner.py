@@ -138,10 +138,9 @@ class ModelRunner:
             if oldest.sample.drafts is not None:
                 oldest.sample.spec_token_ids = oldest.sample.drafts.on_host(results[2 * num_sampled:])
             result = self.sampler.finish(oldest.sample, token_ids, num_accepted)
-            accepted, proposals = result.accepted_token_ids, oldest.sample.spec_token_ids
-            self.batch.resolve(oldest.sampled, token_ids,
-                               [len(proposals.get(r, ())) for r in oldest.sample.request_ids],
-                               [accepted.get(r, ()) for r in oldest.sample.request_ids] if accepted else None)
+            accepted = result.accepted_token_ids
+            self.batch.resolve(oldest.sampled, oldest.sample.request_ids, token_ids, oldest.sample.spec_token_ids,
+                               accepted)
             prompt_logprobs = LogprobRows() if oldest.prompt_logprobs is None else oldest.prompt_logprobs.rows()
             oldest.outcome = StepOutcome(oldest.step_id, result.sampled_token_ids, result.logprobs,
                                          prompt_logprobs, result.grammar_completed_request_ids,
