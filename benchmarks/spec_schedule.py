@@ -6,14 +6,9 @@ round trip to the scheduler).
 Run from the repository root: PYTHONPATH=. python benchmarks/spec_schedule.py [--num-requests 1 4 256]"""
 import argparse
 import random
-from collections import deque
 
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
-from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler
-
-
-def cycling_model(context: list[int]) -> int:
-    return 1 + (context[-1] * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
+from tests.scheduler.sched_testkit import FakeWorker, cycling_model, make_request, make_scheduler, run_ahead
 
 
 def run(num_requests: int, seed: int) -> dict[str, float]:
@@ -26,19 +21,20 @@ def run(num_requests: int, seed: int) -> dict[str, float]:
         for _ in range(rng.randrange(100, 1024)):  # the cycle, broken at random 30% of the time
             prompt.append(rng.randrange(1, 13) if rng.random() < 0.3 else cycling_model(prompt))
         scheduler.add_request(make_request(f"r{i}", prompt, max_tokens=rng.randrange(100, 1024), ignore_eos=True))
-    in_flight, steps, tokens, waits = deque(), 0, 0, 0
-    while scheduler.has_unfinished_requests() or in_flight:
-        while len(in_flight) < MAX_STEPS_IN_FLIGHT and scheduler.has_unfinished_requests():
-            plan = scheduler.schedule()
-            if plan.is_empty:
-                break
-            in_flight.append((plan, worker.execute(plan)))
-        tokens += sum(len(update.new_token_ids) for update in scheduler.update_from_outcome(*in_flight.popleft()))
-        steps += 1
-        waits += not in_flight and scheduler.has_unfinished_requests()
+    counts = {"planned": 0, "applied": 0, "waits": 0}
+
+    def on_plan(plan) -> None:
+        counts["planned"] += 1
+
+    def on_outcome(plan, outcome) -> None:
+        counts["applied"] += 1
+        counts["waits"] += counts["applied"] == counts["planned"] and scheduler.has_unfinished_requests()
+
+    updates, steps = run_ahead(scheduler, worker, MAX_STEPS_IN_FLIGHT, on_plan=on_plan, on_outcome=on_outcome)
+    tokens = sum(len(update.new_token_ids) for update in updates)
     load = scheduler.get_load()
     return {"steps": steps, "tokens": tokens, "tokens_per_step": tokens / steps,
-            "accepted": load.num_accepted_tokens, "proposed": load.num_draft_tokens, "waits": waits}
+            "accepted": load.num_accepted_tokens, "proposed": load.num_draft_tokens, "waits": counts["waits"]}
 
 
 def main() -> None:

@@ -26,6 +26,12 @@ def make_request(request_id: str, prompt: list[int] | int, max_tokens: int = 8, 
                    arrival_time=arrival_time, cache_salt=cache_salt, deadline=deadline)
 
 
+def cycling_model(context: list[int]) -> int:
+    """A deterministic model that mostly repeats a cycle of 12 tokens (so ngram proposals are often right) and
+    breaks it at every 7th position (so some are rejected)."""
+    return 1 + (context[-1] * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
+
+
 def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
     return Scheduler(SchedulerConfig(num_blocks=num_blocks, **config), eos_token_ids={EOS})
 

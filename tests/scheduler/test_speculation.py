@@ -6,28 +6,21 @@ import pytest
 from scheduler_svc.ngram_proposer import NgramProposer
 from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
 from scheduler_svc.speculation import MAX_SKIPS
-from tests.scheduler.sched_testkit import (FakeWorker, make_request, make_scheduler, run_ahead, run_to_completion,
-                                          step)
+from tests.scheduler.sched_testkit import (FakeWorker, cycling_model, make_request, make_scheduler, run_ahead,
+                                          run_to_completion, step)
 
 NGRAM = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
 DRAFT = dict(speculative_method="draft", num_speculative_tokens=4)
 each_method = pytest.mark.parametrize("speculation", [NGRAM, DRAFT], ids=["ngram", "draft"])
 
 
-def _cycling_model(context: list[int]) -> int:
-    """A deterministic model that mostly repeats a cycle of 12 tokens (so ngram proposals are often right) and
-    breaks it at every 7th position (so some are rejected)."""
-    last = context[-1]
-    return 1 + (last * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
-
-
 def _draft_model(context: list[int]) -> int:
     """The fake worker's draft model: the cycling model, but wrong at every 5th position."""
-    return _cycling_model(context) if len(context) % 5 else 1 + context[-1] % 12
+    return cycling_model(context) if len(context) % 5 else 1 + context[-1] % 12
 
 
 def _worker() -> FakeWorker:
-    return FakeWorker(block_size=4, model=_cycling_model, draft_model=_draft_model)
+    return FakeWorker(block_size=4, model=cycling_model, draft_model=_draft_model)
 
 
 def _outputs(updates) -> dict[str, list[int]]:
@@ -37,7 +30,7 @@ def _outputs(updates) -> dict[str, list[int]]:
     return outputs
 
 
-def _run(requests, num_blocks: int = 64, steps_in_flight: int = 1, model=_cycling_model, **config):
+def _run(requests, num_blocks: int = 64, steps_in_flight: int = 1, model=cycling_model, **config):
     scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, **config)
     worker = FakeWorker(block_size=4, model=model, draft_model=_draft_model)
     for request in requests:
@@ -50,7 +43,7 @@ def _run(requests, num_blocks: int = 64, steps_in_flight: int = 1, model=_cyclin
 def _prompt(length: int) -> list[int]:
     tokens = [3]
     while len(tokens) < length:
-        tokens.append(_cycling_model(tokens))
+        tokens.append(cycling_model(tokens))
     return tokens
 
 
@@ -231,7 +224,7 @@ def _pure_cycle_model(context: list[int]) -> int:
     return 1 + context[-1] % 12
 
 
-@pytest.mark.parametrize("model", [_pure_cycle_model, _cycling_model], ids=["all-accepted", "some-rejected"])
+@pytest.mark.parametrize("model", [_pure_cycle_model, cycling_model], ids=["all-accepted", "some-rejected"])
 def test_only_requests_whose_last_proposals_failed_decode_before_their_outcome(model):
     """Alone (so waiting idles the device), a request whose proposals are being accepted waits for each outcome, as
     its next proposals, made from the real tokens, are worth it; one whose last verification accepted nothing
@@ -272,7 +265,7 @@ def test_requests_whose_proposals_all_fail_propose_ever_less_often():
 
 def test_a_step_carries_proposals_only_while_its_rows_fit_max_num_seqs():
     scheduler = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=6, **NGRAM)
-    worker = FakeWorker(block_size=4, model=_cycling_model)
+    worker = FakeWorker(block_size=4, model=cycling_model)
     for i in range(4):
         scheduler.add_request(make_request(f"r{i}", _prompt(20 + i), max_tokens=30))
     proposed = 0
