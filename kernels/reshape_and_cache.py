@@ -83,8 +83,9 @@ def reshape_and_cache_ref(
     key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Plain torch, in place: scatter the valid tokens into the caches viewed as [num_slots, num_kv_heads, head_dim]."""
+    """Plain torch, in place: scatter the valid tokens into their caches' (block, offset) slots."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    key_cache.view(-1, *key_cache.shape[2:])[slots] = to_cache_element_ref(key[keep], key_cache.dtype, k_scale)
-    value_cache.view(-1, *value_cache.shape[2:])[slots] = to_cache_element_ref(value[keep], value_cache.dtype, v_scale)
+    blocks, offsets = slots // key_cache.shape[1], slots % key_cache.shape[1]
+    key_cache[blocks, offsets] = to_cache_element_ref(key[keep], key_cache.dtype, k_scale)
+    value_cache[blocks, offsets] = to_cache_element_ref(value[keep], value_cache.dtype, v_scale)

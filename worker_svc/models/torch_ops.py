@@ -98,7 +98,8 @@ class TorchOps:
 
 def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None) -> None:
     """x's rows into the cache's slots, quantized for an FP8 cache (index_put_: the CPU has no FP8 index_copy_)."""
-    cache.view(-1, *x.shape[1:])[slots] = x if scale is None else to_fp8(x, scale)
+    block_size = cache.shape[1]
+    cache[slots // block_size, slots % block_size] = x if scale is None else to_fp8(x, scale)
 
 
 def _values(cached: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
