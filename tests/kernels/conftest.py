@@ -24,15 +24,16 @@ def _seed() -> None:
 
 @pytest.fixture
 def make_paged_kv(device):
-    """Factory: random K/V caches whose sequences own shuffled, non-contiguous blocks (plus unused decoy blocks)."""
+    """Factory: random K/V caches whose sequences own shuffled, non-contiguous blocks (plus unused decoy blocks),
+    [num_blocks, block_size, num_kv_heads, head_dim] views of head-major storage, as the worker allocates them."""
 
     def make(seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype, block_size: int = 16):
         blocks_per_seq = [-(-n // block_size) for n in seq_lens]
         max_blocks = max(max(blocks_per_seq), 1)
         num_blocks = sum(blocks_per_seq) + 3
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        key_cache = torch.randn(shape, device=device).to(dtype)
-        value_cache = torch.randn(shape, device=device).to(dtype)
+        stored = (num_blocks, num_kv_heads, block_size, head_dim)
+        key_cache = torch.randn(stored, device=device).to(dtype).transpose(1, 2)
+        value_cache = torch.randn(stored, device=device).to(dtype).transpose(1, 2)
         perm = torch.randperm(num_blocks, device=device).to(torch.int32)
         block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32, device=device)
         used = 0

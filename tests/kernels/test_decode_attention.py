@@ -72,6 +72,13 @@ def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits):
     torch.testing.assert_close(out, ref, **TOL[dtype])
 
 
+def test_fp8_cache_head_dim_in_whole_words(make_fp8_paged_kv, device):
+    key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([5], 1, 66)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        paged_decode_attention(torch.randn(1, 2, 66, device=device), key_cache, value_cache, block_tables, lens, 1.0,
+                               k_scale=k_scale, v_scale=v_scale)
+
+
 def test_fp8_cache_needs_both_scales(make_fp8_paged_kv, device):
     key_cache, value_cache, block_tables, lens, k_scale, _ = make_fp8_paged_kv([5], 1, 64)
     query = torch.randn(1, 2, 64, device=device)
@@ -92,12 +99,18 @@ def test_realistic(make_paged_kv, device, batch, max_context):
 
 @pytest.mark.parametrize("num_splits", [1, 3, 7])
 @pytest.mark.parametrize("group, max_group_rows", [(1, 4), (2, 4), (4, 2)])
-def test_rows_of_one_sequence_attended_together(make_paged_kv, device, num_splits, group, max_group_rows):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_rows_of_one_sequence_attended_together(make_paged_kv, make_fp8_paged_kv, device, num_splits, group,
+                                                max_group_rows, fp8):
     """A verification's rows: each request's newest token and proposals, one row each, contexts one position apart
     through the same block table row; the rows of a request go to programs of at most max_group_rows."""
     first_lens, num_rows = [16, 15, 47, 1, 33], [4, 1, 3, 2, 4]
-    key_cache, value_cache, tables, _ = make_paged_kv([n + r for n, r in zip(first_lens, num_rows)], 2, 64,
-                                                      torch.float32)
+    seq_lens = [n + r for n, r in zip(first_lens, num_rows)]
+    k_scale = v_scale = None
+    if fp8:
+        key_cache, value_cache, tables, _, k_scale, v_scale = make_fp8_paged_kv(seq_lens, 2, 64)
+    else:
+        key_cache, value_cache, tables, _ = make_paged_kv(seq_lens, 2, 64, torch.float32)
     row_tables = tables.repeat_interleave(torch.tensor(num_rows, device=device), dim=0)
     lens = torch.tensor([n + j for n, r in zip(first_lens, num_rows) for j in range(r)], dtype=torch.int32,
                         device=device)
@@ -105,7 +118,8 @@ def test_rows_of_one_sequence_attended_together(make_paged_kv, device, num_split
     query = torch.randn(len(groups), 2 * group, 64, device=device)
     scale = 64 ** -0.5
     out = paged_decode_attention(query, key_cache, value_cache, row_tables, lens, scale, num_splits=num_splits,
+                                 k_scale=k_scale, v_scale=v_scale,
                                  row_groups=torch.tensor(groups, dtype=torch.int32, device=device),
                                  max_group_rows=max_group_rows)
-    ref = paged_decode_attention_ref(query, key_cache, value_cache, row_tables, lens, scale)
+    ref = paged_decode_attention_ref(query, key_cache, value_cache, row_tables, lens, scale, k_scale, v_scale)
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
