@@ -39,10 +39,12 @@ def attend_kv_range(
     if k_ptr.dtype.element_ty == tl.int32:
         acc, l, m = _attend_kv_words(
             acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, full_end, score_scale,
-            stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE)
+            stride_kb, stride_kt, stride_vb, stride_vt,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
         return _attend_kv_words(
             acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, full_end, end, score_scale,
-            stride_kb, stride_kt, stride_vb, stride_vt, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE)
+            stride_kb, stride_kt, stride_vb, stride_vt,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
     acc, l, m = _attend_kv_tiles(
         acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, full_end, score_scale,
         stride_kb, stride_kt, stride_vb, stride_vt,
@@ -116,7 +118,7 @@ def _attend_kv_words(
     k_ptr, v_ptr, v_scale, block_table_row_ptr, start, end, score_scale,
     stride_kb, stride_kt, stride_vb, stride_vt,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """_attend_kv_tiles over an FP8 cache read as int32 words of four e4m3 elements (element d = 4 * word + byte):
     loaded as bytes, a tile's 128-byte rows go in narrower loads and read at about 2.1 TB/s of an H100's 3.35;
@@ -135,20 +137,24 @@ def _attend_kv_words(
             kv_mask = w_mask[None, :]
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
         k = tl.load(k_ptr + rows[:, None] + w[None, :], mask=kv_mask, other=0)
-        s = tl.dot(q0.to(DOT_DTYPE), tl.trans(_byte_plane(k, 0, DOT_DTYPE)))
-        s = tl.dot(q1.to(DOT_DTYPE), tl.trans(_byte_plane(k, 1, DOT_DTYPE)), s)
-        s = tl.dot(q2.to(DOT_DTYPE), tl.trans(_byte_plane(k, 2, DOT_DTYPE)), s)
-        s = tl.dot(q3.to(DOT_DTYPE), tl.trans(_byte_plane(k, 3, DOT_DTYPE)), s) * score_scale
+        s = tl.dot(q0.to(DOT_DTYPE), tl.trans(_byte_plane(k, 0, DOT_DTYPE)),
+                   input_precision=DOT_PRECISION)
+        s = tl.dot(q1.to(DOT_DTYPE), tl.trans(_byte_plane(k, 1, DOT_DTYPE)), s,
+                   input_precision=DOT_PRECISION)
+        s = tl.dot(q2.to(DOT_DTYPE), tl.trans(_byte_plane(k, 2, DOT_DTYPE)), s,
+                   input_precision=DOT_PRECISION)
+        s = tl.dot(q3.to(DOT_DTYPE), tl.trans(_byte_plane(k, 3, DOT_DTYPE)), s,
+                   input_precision=DOT_PRECISION) * score_scale
         if MASKED:
             s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
         p, alpha, l, m = _softmax_update(s, l, m)
         rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
         v = tl.load(v_ptr + rows[:, None] + w[None, :], mask=kv_mask, other=0)
         p_v = (p * v_scale).to(DOT_DTYPE)
-        a0 = tl.dot(p_v, _byte_plane(v, 0, DOT_DTYPE), a0 * alpha[:, None])
-        a1 = tl.dot(p_v, _byte_plane(v, 1, DOT_DTYPE), a1 * alpha[:, None])
-        a2 = tl.dot(p_v, _byte_plane(v, 2, DOT_DTYPE), a2 * alpha[:, None])
-        a3 = tl.dot(p_v, _byte_plane(v, 3, DOT_DTYPE), a3 * alpha[:, None])
+        a0 = tl.dot(p_v, _byte_plane(v, 0, DOT_DTYPE), a0 * alpha[:, None], input_precision=DOT_PRECISION)
+        a1 = tl.dot(p_v, _byte_plane(v, 1, DOT_DTYPE), a1 * alpha[:, None], input_precision=DOT_PRECISION)
+        a2 = tl.dot(p_v, _byte_plane(v, 2, DOT_DTYPE), a2 * alpha[:, None], input_precision=DOT_PRECISION)
+        a3 = tl.dot(p_v, _byte_plane(v, 3, DOT_DTYPE), a3 * alpha[:, None], input_precision=DOT_PRECISION)
     return tl.join(tl.join(a0, a2), tl.join(a1, a3)).reshape(acc.shape), l, m
 
 
