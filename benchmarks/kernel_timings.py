@@ -50,12 +50,13 @@ def eager_ms(fn) -> float:
 
 
 def paged_kv(seq_lens: list[int], device: str):
-    """Caches with exactly the blocks the batch needs, handed out in shuffled order."""
+    """Caches with exactly the blocks the batch needs, handed out in shuffled order, stored head-major as the worker
+    allocates them."""
     blocks_per_seq = [triton.cdiv(n, BLOCK_SIZE) for n in seq_lens]
-    shape = (sum(blocks_per_seq), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    key_cache = torch.randn(shape, device=device, dtype=DTYPE)
-    value_cache = torch.randn(shape, device=device, dtype=DTYPE)
-    perm = torch.randperm(shape[0], device=device).to(torch.int32)
+    stored = (sum(blocks_per_seq), NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+    key_cache = torch.randn(stored, device=device, dtype=DTYPE).transpose(1, 2)
+    value_cache = torch.randn(stored, device=device, dtype=DTYPE).transpose(1, 2)
+    perm = torch.randperm(stored[0], device=device).to(torch.int32)
     block_tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32, device=device)
     start = 0
     for i, n in enumerate(blocks_per_seq):

@@ -75,31 +75,33 @@ def _attend_kv_tiles(
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     for tile_start in range(start, end, BLOCK_N):
-        # -- gather the K tile through the block table: [BLOCK_N, BLOCK_D]
         pos = tile_start + tl.arange(0, BLOCK_N)
         valid = pos < end
-        if MASKED:
-            kv_mask = valid[:, None] & d_mask[None, :]
-        else:
-            kv_mask = d_mask[None, :]  # whole tiles inside the context: only head_dim padding is masked
-        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
-        k = tl.load(k_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-
-        # -- scores: [R, BLOCK_N]
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * score_scale
+        k = _load_tile(k_ptr, block_table_row_ptr, pos, valid, d, d_mask, stride_kb, stride_kt, BLOCK_SIZE, MASKED)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * score_scale  # [R, BLOCK_N]
         if MASKED:
             s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
-
-        p, alpha, l, m_new = _softmax_update(s, l, m)
-        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
-        v = tl.load(v_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        p, alpha, l, m = _softmax_update(s, l, m)
+        v = _load_tile(v_ptr, block_table_row_ptr, pos, valid, d, d_mask, stride_vb, stride_vt, BLOCK_SIZE, MASKED)
         if KV_FP8:
             p_v = (p * v_scale).to(DOT_DTYPE)
         else:
             p_v = p.to(DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p_v, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m = m_new
     return acc, l, m
+
+
+@triton.jit
+def _load_tile(ptr, block_table_row_ptr, pos, valid, columns, column_mask, stride_block, stride_slot,
+               BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """The K or V tile [BLOCK_N, len(columns)] of context positions pos, gathered through the block table (ptr
+    already points at the kv head); unmasked whole tiles mask only the columns past the head."""
+    if MASKED:
+        mask = valid[:, None] & column_mask[None, :]
+    else:
+        mask = column_mask[None, :]
+    rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_block, stride_slot)
+    return tl.load(ptr + rows[:, None] + columns[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -121,35 +123,25 @@ def _attend_kv_words(
     MASKED: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """_attend_kv_tiles over an FP8 cache read as int32 words of four e4m3 elements (element d = 4 * word + byte):
-    loaded as bytes, a tile's 128-byte rows go in narrower loads and read at about 2.1 TB/s of an H100's 3.35;
-    as words, 2.7 (benchmarks/kernel_timings.py). Byte plane i of a tile ([BLOCK_N, BLOCK_D / 4]) meets plane i of
+    loaded as bytes, a tile's 128-byte rows went in narrower loads and read at about 2.2 TB/s of an H100's 3.35,
+    as words at 2.7 (BENCHMARKS.md). Byte plane i of a tile ([BLOCK_N, BLOCK_D / 4]) meets plane i of
     q in the score dot and feeds plane i of acc; q and acc are split into planes here and joined back."""
     w = tl.arange(0, BLOCK_D // 4)
     w_mask = w < HEAD_DIM // 4
-    q0, q1, q2, q3 = _planes(q)
+    q0, q1, q2, q3 = _planes(q.to(DOT_DTYPE))
     a0, a1, a2, a3 = _planes(acc)
     for tile_start in range(start, end, BLOCK_N):
         pos = tile_start + tl.arange(0, BLOCK_N)
         valid = pos < end
-        if MASKED:
-            kv_mask = valid[:, None] & w_mask[None, :]
-        else:
-            kv_mask = w_mask[None, :]
-        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_kb, stride_kt)
-        k = tl.load(k_ptr + rows[:, None] + w[None, :], mask=kv_mask, other=0)
-        s = tl.dot(q0.to(DOT_DTYPE), tl.trans(_byte_plane(k, 0, DOT_DTYPE)),
-                   input_precision=DOT_PRECISION)
-        s = tl.dot(q1.to(DOT_DTYPE), tl.trans(_byte_plane(k, 1, DOT_DTYPE)), s,
-                   input_precision=DOT_PRECISION)
-        s = tl.dot(q2.to(DOT_DTYPE), tl.trans(_byte_plane(k, 2, DOT_DTYPE)), s,
-                   input_precision=DOT_PRECISION)
-        s = tl.dot(q3.to(DOT_DTYPE), tl.trans(_byte_plane(k, 3, DOT_DTYPE)), s,
-                   input_precision=DOT_PRECISION) * score_scale
+        k = _load_tile(k_ptr, block_table_row_ptr, pos, valid, w, w_mask, stride_kb, stride_kt, BLOCK_SIZE, MASKED)
+        s = tl.dot(q0, tl.trans(_byte_plane(k, 0, DOT_DTYPE)), input_precision=DOT_PRECISION)
+        s = tl.dot(q1, tl.trans(_byte_plane(k, 1, DOT_DTYPE)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q2, tl.trans(_byte_plane(k, 2, DOT_DTYPE)), s, input_precision=DOT_PRECISION)
+        s = tl.dot(q3, tl.trans(_byte_plane(k, 3, DOT_DTYPE)), s, input_precision=DOT_PRECISION) * score_scale
         if MASKED:
             s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
         p, alpha, l, m = _softmax_update(s, l, m)
-        rows = _kv_tile_offsets(block_table_row_ptr, pos, valid, BLOCK_SIZE, stride_vb, stride_vt)
-        v = tl.load(v_ptr + rows[:, None] + w[None, :], mask=kv_mask, other=0)
+        v = _load_tile(v_ptr, block_table_row_ptr, pos, valid, w, w_mask, stride_vb, stride_vt, BLOCK_SIZE, MASKED)
         p_v = (p * v_scale).to(DOT_DTYPE)
         a0 = tl.dot(p_v, _byte_plane(v, 0, DOT_DTYPE), a0 * alpha[:, None], input_precision=DOT_PRECISION)
         a1 = tl.dot(p_v, _byte_plane(v, 1, DOT_DTYPE), a1 * alpha[:, None], input_precision=DOT_PRECISION)
