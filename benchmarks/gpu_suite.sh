@@ -13,7 +13,7 @@
 #   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
 #   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
 #   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
-#   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out, bf16 against FP8 weights and KV cache
+#   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out at once, bf16 against FP8 weights and KV cache
 #   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
 #   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
 set -uo pipefail
@@ -65,7 +65,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       for flags in "" "$FP8"; do
         echo "-- 400 x 1,000 in / 1,000 out ${flags:-bf16}"
         BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 --input-len 1000 1000 \
-          --output-len 1000 1000 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
+          --output-len 1000 1000 --max-num-seqs 512 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
       done ;;
     fp8profile)
       timeout 400 python3 benchmarks/gpu_step_profile.py "$OUT/profile_8b_fp8.json" --model Llama-3.1-8B $FP8 \
