@@ -89,10 +89,15 @@ def _record_launches(worker: WorkerEngine) -> tuple[list[StepPlan], list[int]]:
     return plans, follow_ups
 
 
+def _decodes_only(plan: StepPlan) -> bool:
+    return all(count == 1 + len(plan.spec_token_ids.get(request_id, ()))
+               for request_id, count in plan.num_scheduled_tokens.items())
+
+
 def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eager: bool, steps_in_flight: int):
     """The outputs; for each step that followed a verification and decoded some of its requests without proposals,
-    whether it built its inputs on the host; and how many requests were launched before the verification of their
-    proposals finished."""
+    whether it built its inputs on the host; the same for each verification of requests that the step before it
+    decoded; and how many requests were launched before the verification of their proposals finished."""
     worker = WorkerEngine.load(WorkerConfig(model=str(model_dir), enforce_eager=enforce_eager))
     engine = OfflineEngine(worker, num_blocks=24, max_num_seqs=16, speculative_method="ngram",
                            num_speculative_tokens=3, ngram_min=1, ngram_max=3, steps_in_flight=steps_in_flight)
@@ -105,7 +110,10 @@ def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eag
                           if before.spec_token_ids and not plan.spec_token_ids
                           and set(plan.num_scheduled_tokens) <= set(before.num_scheduled_tokens)
                           and all(count == 1 for count in plan.num_scheduled_tokens.values())]
-    return outputs, after_verification, sum(follow_ups)
+    verifications = [plan.step_id in built for before, plan in zip(plans, plans[1:])
+                     if plan.spec_token_ids and _decodes_only(before)
+                     and set(plan.num_scheduled_tokens) <= set(before.num_scheduled_tokens)]
+    return outputs, after_verification, verifications, sum(follow_ups)
 
 
 @pytest.mark.parametrize("steps_in_flight", [1, MAX_STEPS_IN_FLIGHT], ids=["synchronous", "planned-ahead"])
@@ -113,16 +121,20 @@ def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eag
 def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, hf_model, quotes,
                                                     steps_in_flight):
     """ngram's verification rows are decode rows; afterwards each request keeps the row of its last accepted token,
-    so the next decode builds nothing on the host, and the tokens are Hugging Face's and the eager engine's. Planned
-    ahead, that decode is launched before the verification's outcome is known (its position is the device's)."""
+    so the next decode builds nothing on the host, nor does a verification of requests that the step before decoded
+    (its rows come from theirs), and the tokens are Hugging Face's and the eager engine's. Planned ahead, that
+    decode is launched before the verification's outcome is known (its position is the device's)."""
     prompts = [hf_tokenizer(text).input_ids for text in quotes]
-    outputs, after_verification, follow_ups = _speculate(default_model_dir, prompts, 20, False, steps_in_flight)
-    eager_outputs, eager_after, _ = _speculate(default_model_dir, prompts, 20, True, steps_in_flight)
+    outputs, after_verification, verifications, follow_ups = _speculate(default_model_dir, prompts, 20, False,
+                                                                         steps_in_flight)
+    eager_outputs, eager_after, eager_verifications, _ = _speculate(default_model_dir, prompts, 20, True,
+                                                                    steps_in_flight)
     assert outputs == eager_outputs
     for prompt, tokens in zip(prompts, outputs):
         assert tokens == hf_greedy(hf_model, prompt, 20)
     assert after_verification and not any(after_verification)
-    assert eager_after and all(eager_after)
+    assert verifications and not any(verifications)
+    assert eager_after and all(eager_after) and all(eager_verifications)
     assert (follow_ups > 0) == (steps_in_flight > 1)
 
 

@@ -113,6 +113,22 @@ class DecodeGraphs:
             self._grouped = False
         self.keep_first(n)
 
+    def lay_out_verification(self, layout: torch.Tensor) -> None:
+        """Rows 0..n-1 become a verification laid out as decode rows, from the live rows. layout: [4, n] int64 on the
+        device, per new row: the live row whose request it continues, its offset past that row's next token (0 for
+        the newest token, j for the j-th proposal), the proposal it takes as input (where the offset is not 0) and its
+        row group (AttentionMetadata's)."""
+        rows, offsets, proposed, groups = layout
+        n = rows.shape[0]
+        self.token_inputs[:, :n] = self.token_inputs[:, rows]
+        self.input_ids[:n] = torch.where(offsets > 0, proposed, self.input_ids[:n])
+        self.next_positions[:n] += offsets
+        self.block_tables[:n] = self.block_tables[rows]
+        self.row_groups[:n].copy_(groups)
+        self.row_groups[n:].fill_(1)
+        self._grouped = True
+        self.keep_first(n)
+
     def replay(self, max_seq_len: int) -> torch.Tensor:
         """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits. max_seq_len bounds
         the rows' contexts for an uncaptured pass."""

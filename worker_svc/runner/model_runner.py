@@ -88,9 +88,12 @@ class ModelRunner:
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         continuation = self._continuation
-        if continuation is not None and continuation.continued_by(plan, states):
+        if continuation is not None and continuation.continued_by(plan, states) \
+                and self.decode_graphs.fits(sum(plan.num_scheduled_tokens.values())):
             rows, sampling_rows = continuation.prepare(plan, request_ids, self.decode_graphs)
-            logits = self.decode_graphs.replay(max(state.num_tokens for state in states))
+            num_proposed = plan.num_proposed
+            logits = self.decode_graphs.replay(max(state.num_tokens + num_proposed.get(request_id, 0)
+                                                   for request_id, state in zip(request_ids, states)))
             drafts, prompt_logprobs, decode_graph = None, None, True
         else:
             self._finish_for_host_inputs(states)
