@@ -15,6 +15,7 @@
 #   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
 #   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out at once, bf16 against FP8 weights and KV cache
 #   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
+#   fp8kv       the standard workload with a bf16 against an FP8 KV cache, alternating, two rounds
 #   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -70,6 +71,14 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     fp8profile)
       timeout 400 python3 benchmarks/gpu_step_profile.py "$OUT/profile_8b_fp8.json" --model Llama-3.1-8B $FP8 \
         --num-requests 400 --input-len 1000 1000 --output-len 1000 1000 2>&1 | grep -v Warning | head -60 ;;
+    fp8kv)
+      for round in 1 2; do
+        for flags in "" "--kv-cache-dtype fp8"; do
+          echo "-- standard workload ${flags:-bf16 KV cache}, round $round"
+          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $flags \
+            --out "$OUT/throughput_kv${flags//[ .-]/}_$round.json"
+        done
+      done ;;
     speculation)
       for round in 1 2; do
         for flags in "" "--speculative-method ngram"; do
