@@ -62,9 +62,10 @@ def test_rejects_bad_inputs(make_paged_kv, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits):
-    key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([1, 40, 123], 2, 64)
-    query = torch.randn(3, 4, 64, device=device).to(dtype)
+@pytest.mark.parametrize("head_dim, group", [(64, 2), (96, 3)])
+def test_fp8_cache(make_fp8_paged_kv, device, dtype, num_splits, head_dim, group):
+    key_cache, value_cache, block_tables, lens, k_scale, v_scale = make_fp8_paged_kv([1, 40, 123], 2, head_dim)
+    query = torch.randn(3, 2 * group, head_dim, device=device).to(dtype)
     out = paged_decode_attention(query, key_cache, value_cache, block_tables, lens, 0.125, num_splits=num_splits,
                                  k_scale=k_scale, v_scale=v_scale)
     ref = paged_decode_attention_ref(query, key_cache, value_cache, block_tables, lens, 0.125, k_scale, v_scale)
