@@ -7,10 +7,10 @@ one runs); ngram may propose for them too, after guesses of the tokens that thei
 leaves the device idle when nothing else would run: then a request whose last verification accepted nothing, and
 whose verification step only decodes, gets its next decode anyway, in a step that only decodes, and keeps getting them
 in such steps until the outcome (a request whose proposals are being accepted waits: its next proposals, made from the
-real tokens, are worth the round trip). Its proposals
-count as accepted until then, so that decode takes the slot after the last of them, and the worker moves it to the
-real position on the device (it continues the verification's decode rows); the outcome gives the rejected ones' slots
-back. A request that the draft model serves waits for its step in flight, as the draft needs its newest token.
+real tokens, are worth the round trip). Its proposals count as accepted until then, so that decode takes the slot
+after the last of them, and the worker moves it to the real position on the device (it continues the verification's
+decode rows); the outcome gives the rejected ones' slots back. A request that the draft model serves waits for its
+step in flight, as the draft needs its newest token.
 A step carries proposals only while its rows (one per request, one per proposed token) stay within max_num_seqs, so
 a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field

@@ -28,12 +28,12 @@ class DecodeContinuation:
     sampling_rows: torch.Tensor  # [len(request_ids)] int64 on the device: the requests' SamplingRows indices (none
     # on a tensor-parallel follower)
 
-    def continued_by(self, plan: StepPlan, states: list[RequestState]) -> bool:
+    def continued_by(self, plan: StepPlan, states: list[RequestState], graphs: DecodeGraphs) -> bool:
         """Whether the plan's step computes, from the token each sampled in this step, only requests of this step:
-        each its newest token, and ngram's proposals after it."""
+        each its newest token, and ngram's proposals after it, in rows that the graphs hold."""
+        num_tokens = sum(plan.num_scheduled_tokens.values())
         num_proposed = sum(len(tokens) for tokens in plan.spec_token_ids.values())
-        return (not plan.num_draft_tokens
-                and len(states) + num_proposed == sum(plan.num_scheduled_tokens.values())
+        return (not plan.num_draft_tokens and len(states) + num_proposed == num_tokens and graphs.fits(num_tokens)
                 and all(s.sampled_step == self.step_id and s.num_computed_tokens == s.num_tokens - 1 for s in states))
 
     def prepare(self, plan: StepPlan, request_ids: list[str], graphs: DecodeGraphs) -> tuple[LogitsRows, torch.Tensor]:

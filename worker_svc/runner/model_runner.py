@@ -88,8 +88,7 @@ class ModelRunner:
         request_ids = list(plan.num_scheduled_tokens)
         states = [self.batch.requests[request_id] for request_id in request_ids]
         continuation = self._continuation
-        if continuation is not None and continuation.continued_by(plan, states) \
-                and self.decode_graphs.fits(sum(plan.num_scheduled_tokens.values())):
+        if continuation is not None and continuation.continued_by(plan, states, self.decode_graphs):
             rows, sampling_rows = continuation.prepare(plan, request_ids, self.decode_graphs)
             num_proposed = plan.num_proposed
             logits = self.decode_graphs.replay(max(state.num_tokens + num_proposed.get(request_id, 0)
