@@ -1,10 +1,10 @@
 """Where a steady decode step's host time goes in the worker, in process (run on a CUDA machine).
 
 Runs `--batch` requests of a short prompt and `--output-len` greedy tokens each through the real Scheduler and
-WorkerEngine (dummy bf16 weights of `--model`), times the host side of every pure-decode step's launch and finish,
-and profiles the worker's calls with cProfile over the last `--profiled-steps` of them; `--kernels` lists the
-kernels of 20 more steps and writes their trace. JSON goes to the first argument; the top functions by own time
-are printed.
+WorkerEngine (dummy bf16 weights of `--model`, e4m3 under `--quantization fp8`), times the host side of every
+pure-decode step's launch and finish, and profiles the worker's calls with cProfile over the last `--profiled-steps`
+of them; `--kernels` lists the kernels of 20 more steps and writes their trace. JSON goes to the first argument;
+the top functions by own time are printed.
 """
 import argparse
 import cProfile
@@ -63,8 +63,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--profiled-steps", type=int, default=300)
     parser.add_argument("--kernels", action="store_true", help="list the kernels of 20 steps (torch.profiler)")
+    parser.add_argument("--quantization", default="auto", choices=["auto", "fp8"])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = parser.parse_args()
-    worker = WorkerEngine.load(WorkerConfig(model=args.model, load_format="dummy", dtype="bfloat16", device="cuda"))
+    worker = WorkerEngine.load(WorkerConfig(
+        model=args.model, load_format="dummy", dtype="bfloat16", device="cuda", quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype))
     engine = OfflineEngine(worker, max_model_len=4096)
     vocab_size = worker.model_config.vocab_size
     prompts = [[(7 * i + j) % vocab_size for j in range(32)] for i in range(args.batch)]
