@@ -6,7 +6,7 @@ Reports how far the client's last token trails the stand-in's last outcome (a ro
 lag) and the CPU each process spends per output token. --speed 2 runs the steps twice as fast as the model, which
 stands for a host with half the CPU speed.
 
-    python benchmarks/control_plane_load.py [--speed 2]
+    python benchmarks/control_plane_load.py [--speed 2] [--router-processes 2]
 """
 import argparse
 import asyncio
@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.process_cpu import ProcessCpu
 from sluice.cli.bench.workload import random_workload
-from sluice.cli.launcher import free_ports, stop_services, wait_until_serving
+from sluice.cli.launcher import ServeLayout, stop_services, wait_until_routers_serve
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -97,27 +97,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--router-processes", type=int, default=1, help="routers sharing the port, as `sluice serve "
+                                                                        "--router-processes` starts them")
     parser.add_argument("--serve-worker", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_worker:
         asyncio.run(serve_worker(args.serve_worker, args.speed))
         return
-    worker, scheduler, router = (f"127.0.0.1:{port}" for port in free_ports(3))
+    layout = ServeLayout.on_free_ports(router_processes=args.router_processes)
+    worker, scheduler = layout.worker_addresses, layout.scheduler_address
     cli = [sys.executable, "-m", "sluice.cli", "--log-level", "WARNING"]
+    share_port = ["--share-port"] if args.router_processes > 1 else []
     processes = {
         "worker": subprocess.Popen([sys.executable, __file__, "--serve-worker", worker, "--speed", str(args.speed)],
                                    stdout=subprocess.PIPE, text=True),
         "scheduler": subprocess.Popen([*cli, "scheduler", "--listen", scheduler, "--worker", worker,
                                        "--max-model-len", "4096"]),
-        "router": subprocess.Popen([*cli, "router", "--listen", router, "--scheduler", scheduler, "--no-tokenizer"]),
+    } | {
+        f"router {i + 1}" if i else "router": subprocess.Popen([*cli, "router", "--listen", listen, *share_port,
+                                                                 "--scheduler", scheduler, "--no-tokenizer"])
+        for i, listen in enumerate(layout.router_listens)
     }
+    connections = 1 if args.router_processes == 1 else 4 * args.router_processes
     try:
-        wait_until_serving(router, "sluice.v1.Generation", 120, list(processes.values()))
-        asyncio.run(run_load(router, random_workload(4, (100, 1024), (100, 1024), VOCAB_SIZE, 1)))
+        wait_until_routers_serve(layout, 120, list(processes.values()))
+        asyncio.run(run_load(layout.router_address, random_workload(4, (100, 1024), (100, 1024), VOCAB_SIZE, 1),
+                             connections=connections))
         requests = random_workload(args.num_requests, (100, 1024), (100, 1024), VOCAB_SIZE, 0)
         cpu = ProcessCpu({name: process.pid for name, process in processes.items()} | {"client": os.getpid()})
         started = time.perf_counter()
-        traces, duration = asyncio.run(run_load(router, requests))
+        traces, duration = asyncio.run(run_load(layout.router_address, requests, connections=connections))
         busy_cores = cpu.busy_cores(duration)
     finally:
         stop_services(list(processes.values()))

@@ -23,16 +23,18 @@ SCHEDULER_SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].
 log = logging.getLogger("sluice.router")
 
 
-async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], address: str, operations: Operations,
-                interceptors=(), credentials: grpc.ServerCredentials | None = None,
-                scheduler_timeout: float = 600.0, max_request_bytes: int = MAX_CLIENT_REQUEST_BYTES) -> None:
+async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], addresses: list[str],
+                operations: Operations, interceptors=(), credentials: grpc.ServerCredentials | None = None,
+                scheduler_timeout: float = 600.0, max_request_bytes: int = MAX_CLIENT_REQUEST_BYTES,
+                share_port: bool = False) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
     in flight finish. A client message over max_request_bytes gets RESOURCE_EXHAUSTED. Serves sluice.v1.Generation
-    and, for gateways such as smg, vLLM's engine protocol."""
+    and, for gateways such as smg, vLLM's engine protocol, on every address; with share_port, router processes
+    that listen on the same port take a share of its connections each."""
     async with Service([SERVICE_NAME, VLLM_SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
-                       max_request_bytes) as service:
-        port = await service.start(address)
+                       max_request_bytes, share_port) as service:
+        port = await service.start(*addresses)
         pool = SchedulerPool(scheduler_addresses)
         try:
             model_info = await service.unless_shutdown(_model_info_once_ready(pool, scheduler_timeout))

@@ -1,5 +1,5 @@
-"""`sluice serve`: starts worker, scheduler and router as three processes, waits until the router is ready, and
-starts again each one that exits."""
+"""`sluice serve`: starts worker, scheduler and router processes, waits until every router is ready, and starts
+again each one that exits."""
 import logging
 import random
 import signal
@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,16 +27,34 @@ class ServeLayout:
     router_port: int
     scheduler_port: int
     worker_ports: list[int]  # one per tensor-parallel rank, in rank order
+    router_own_ports: list[int] = field(default_factory=list)  # one per router process where several share the port
 
     @classmethod
     def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
-                      tensor_parallel_size: int = 1) -> "ServeLayout":
-        free_router_port, scheduler_port, *worker_ports = free_ports(2 + tensor_parallel_size, host)
-        return cls(host, router_port or free_router_port, scheduler_port, worker_ports)
+                      tensor_parallel_size: int = 1, router_processes: int = 1) -> "ServeLayout":
+        num_own = router_processes if router_processes > 1 else 0
+        free_router_port, scheduler_port, *ports = free_ports(2 + tensor_parallel_size + num_own, host)
+        return cls(host, router_port or free_router_port, scheduler_port, ports[:tensor_parallel_size],
+                   ports[tensor_parallel_size:])
 
     @property
     def router_address(self) -> str:
         return f"{self.host}:{self.router_port}"
+
+    @property
+    def router_processes(self) -> int:
+        return len(self.router_own_ports) or 1
+
+    @property
+    def router_listens(self) -> list[str]:
+        """Each router process's --listen: the router port, and where several share it, a loopback port of its own
+        (where the launcher sees that process ready)."""
+        own = [f"127.0.0.1:{port}" for port in self.router_own_ports]
+        return [f"{self.router_address},{address}" for address in own] or [self.router_address]
+
+    @property
+    def router_readiness_addresses(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.router_own_ports] or [self.router_address]
 
     @property
     def scheduler_address(self) -> str:
@@ -100,16 +118,27 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
 
 
 def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: list[str],
-                   router_args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """env: the services' environment (default: this process's)."""
+                   router_args: list[list[str]], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Worker, scheduler, then one router per layout.router_listens with its router_args (several share the router
+    port). env: the services' environment (default: this process's)."""
+    if len(router_args) != layout.router_processes:
+        raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
     command = [sys.executable, "-m", "sluice.cli"]
+    share_port = ["--share-port"] if layout.router_processes > 1 else []
     return [
         subprocess.Popen([*command, "worker", "--listen", layout.worker_addresses, *worker_args], env=env),
         subprocess.Popen([*command, "scheduler", "--listen", layout.scheduler_address,
                           "--worker", layout.worker_addresses, *scheduler_args], env=env),
-        subprocess.Popen([*command, "router", "--listen", layout.router_address,
-                          "--scheduler", layout.scheduler_address, *router_args], env=env),
+        *(subprocess.Popen([*command, "router", "--listen", listen, *share_port,
+                            "--scheduler", layout.scheduler_address, *args], env=env)
+          for listen, args in zip(layout.router_listens, router_args)),
     ]
+
+
+def wait_until_routers_serve(layout: ServeLayout, timeout: float, processes: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout
+    for address in layout.router_readiness_addresses:
+        wait_until_serving(address, "sluice.v1.Generation", max(0.0, deadline - time.monotonic()), processes)
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ from sluice.cli.generate_command import add_generate_command
 from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
                                      operations_flags, operations_from)
-from sluice.cli.service_flags import (add_router_limit_options, add_scheduler_options, add_worker_options,
-                                     router_limit_flags, scheduler_flags, worker_flags)
+from sluice.cli.service_flags import (add_router_limit_options, add_router_process_options, add_scheduler_options,
+                                     add_worker_options, router_limit_flags, scheduler_flags, worker_flags)
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 
@@ -49,6 +49,7 @@ def _add_serve(commands) -> None:
     command = commands.add_parser("serve", help="start router, scheduler and worker, and restart any that exits; Ctrl-C stops all three")
     command.add_argument("--host", default="127.0.0.1")
     command.add_argument("--port", type=int, default=50051, help="the router's port")
+    add_router_process_options(command)
     command.add_argument("--startup-timeout", type=float, default=600.0)
     command.add_argument("--openai-port", type=int,
                          help="also serve the OpenAI and Anthropic APIs over HTTP on this port, through smg "
@@ -65,23 +66,26 @@ def _add_serve(commands) -> None:
 def _serve(args) -> None:
     from sluice.cli.gateway import GatewayLayout, gateway_command, wait_until_gateway_serves
     from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, keep_running, start_services,
-                                     stop_services, wait_until_serving)
+                                     stop_services, wait_until_routers_serve)
 
     args.model = args.model or default_model()
     gateway = GatewayLayout(args.host, args.openai_port, args.openai_metrics_port) if args.openai_port else None
     if gateway is not None and (args.auth_token or args.tls_cert):
         raise SystemExit("--openai-port: smg presents no token or TLS client setup to its workers; drop "
                          "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
-    layout = ServeLayout.on_free_ports(args.host, args.port, args.tensor_parallel_size)
+    layout = ServeLayout.on_free_ports(args.host, args.port, args.tensor_parallel_size, args.router_processes)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
     router_flags += [*access_flags(args), *router_limit_flags(args)]
-    worker, scheduler, router = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1, 0))
+    worker, scheduler = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1))
+    # metrics ports: router, scheduler, the worker's ranks, then the other routers
+    routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + args.tensor_parallel_size + i)
+               for i in range(args.router_processes)]
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
-                               [*router_flags, *router])
+                               [[*router_flags, *router] for router in routers])
     services = [KeptService(process, RestartBackoff()) for process in processes]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        wait_until_serving(layout.router_address, "sluice.v1.Generation", args.startup_timeout, processes)
+        wait_until_routers_serve(layout, args.startup_timeout, processes)
         print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
         if gateway is not None:
             smg = subprocess.Popen(gateway_command(gateway, [layout.router_address], args.model))
@@ -153,7 +157,11 @@ def _scheduler(args) -> None:
 
 def _add_router(commands) -> None:
     command = commands.add_parser("router", help="run the public router")
-    command.add_argument("--listen", default=_DEFAULT_ROUTER_ADDRESS)
+    command.add_argument("--listen", default=_DEFAULT_ROUTER_ADDRESS,
+                         help="HOST:PORT; comma-separated to listen on several (e.g. a shared port and its own)")
+    command.add_argument("--share-port", action="store_true",
+                         help="let other router processes listen on the same port (SO_REUSEPORT): each takes a "
+                              "share of its connections")
     command.add_argument("--scheduler", default="127.0.0.1:50052",
                          help="the scheduler's address; comma-separated to balance over several replicas")
     command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
@@ -170,8 +178,9 @@ def _router(args) -> None:
     tokenizer = None if args.no_tokenizer else args.model or default_model()
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
     schedulers = args.scheduler.split(",")
-    _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen, operations, interceptors,
-                                                credentials, max_request_bytes=args.max_request_bytes))
+    _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen.split(","), operations,
+                                                interceptors, credentials, max_request_bytes=args.max_request_bytes,
+                                                share_port=args.share_port))
 
 
 def _tracing_enabled() -> bool:

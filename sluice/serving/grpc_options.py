@@ -13,8 +13,11 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def server_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """A larger message than max_receive_message_bytes is refused with RESOURCE_EXHAUSTED before it is parsed."""
+def server_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES,
+                   share_port: bool = False) -> list[tuple[str, int]]:
+    """A larger message than max_receive_message_bytes is refused with RESOURCE_EXHAUSTED before it is parsed. With
+    share_port, processes serving the same port (SO_REUSEPORT) each take a share of its new connections; without,
+    a second server on a taken port fails to start instead of sharing its connections."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", max_receive_message_bytes),
@@ -23,5 +26,5 @@ def server_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES) -> list[t
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.so_reuseport", 0),  # a second server on a taken port fails to start instead of sharing its connections
+        ("grpc.so_reuseport", int(share_port)),
     ]

@@ -33,7 +33,7 @@ class Service:
     def __init__(self, service_names: list[str], telemetry_name: str, operations: Operations,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                  credentials: grpc.ServerCredentials | None = None,
-                 max_receive_message_bytes: int = MAX_MESSAGE_BYTES):
+                 max_receive_message_bytes: int = MAX_MESSAGE_BYTES, share_port: bool = False):
         self.service_names = service_names
         self.operations = operations
         self.gate = AdmissionGate()
@@ -42,7 +42,7 @@ class Service:
         self.metrics_registry = CollectorRegistry()
         traced = [tracing.server_interceptor(self.tracer_provider)] if self.tracer_provider else []
         self.server = grpc.aio.server(interceptors=[self.gate, *interceptors, *traced, DomainErrorInterceptor()],
-                                      options=server_options(max_receive_message_bytes))
+                                      options=server_options(max_receive_message_bytes, share_port))
         self.methods = MethodTable()
         self.server.add_generic_rpc_handlers([self.methods])
         self.health = health.aio.HealthServicer()
@@ -55,19 +55,24 @@ class Service:
     def add(self, add_to_server: Callable, servicer) -> None:
         add_to_server(servicer, self.methods)
 
-    async def start(self, address: str) -> int:
-        if self._credentials is None:
-            port = self.server.add_insecure_port(address)
-        else:
-            port = self.server.add_secure_port(address, self._credentials)
-        if port == 0:
-            raise RuntimeError(f"cannot bind {address}")
+    async def start(self, *addresses: str) -> int:
+        """Listens on every address; returns the first one's port."""
+        ports = [self._bind(address) for address in addresses]
         await self.server.start()
         await self.health.set("", SERVING)
         await self.set_ready(False)
         if self.operations.metrics_port is not None:
             self._metrics_endpoint = MetricsEndpoint(self.metrics_registry, self.operations.metrics_host,
                                                      self.operations.metrics_port)
+        return ports[0]
+
+    def _bind(self, address: str) -> int:
+        if self._credentials is None:
+            port = self.server.add_insecure_port(address)
+        else:
+            port = self.server.add_secure_port(address, self._credentials)
+        if port == 0:
+            raise RuntimeError(f"cannot bind {address}")
         return port
 
     async def set_ready(self, ready: bool) -> None:

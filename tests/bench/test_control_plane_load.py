@@ -5,14 +5,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sluice.cli.bench.workload import random_workload
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "control_plane_load.py"
 
 
-def test_every_token_of_the_workload_reaches_the_client():
-    run = subprocess.run([sys.executable, str(SCRIPT), "--num-requests", "8", "--speed", "4"], check=True,
-                         capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("router_processes", [1, 2])
+def test_every_token_of_the_workload_reaches_the_client(router_processes):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--num-requests", "8", "--speed", "4", "--router-processes",
+                          str(router_processes)], check=True, capture_output=True, text=True, timeout=300)
     expected = sum(r.max_tokens for r in random_workload(8, (100, 1024), (100, 1024), 151936, 0))
     assert re.search(rf"^speed 4.0: {expected} tokens;", run.stdout, re.MULTILINE), run.stdout
     assert "CPU per output token: worker" in run.stdout
+    assert ("router 2 " in run.stdout) == (router_processes == 2)

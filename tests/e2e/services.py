@@ -68,7 +68,7 @@ def running_services(model: Path | str, scheduler_args: list[str] = (), worker_a
     tensor_parallel = ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size > 1 else []
     processes = start_services(layout, flags("worker", "--model", str(model), *tensor_parallel, *worker_args),
                                flags("scheduler", *scheduler_args),
-                               flags("router", *(router_args if router_args is not None else ["--model", str(model)])),
+                               [flags("router", *(["--model", str(model)] if router_args is None else router_args))],
                                env)
     services = None
     try:

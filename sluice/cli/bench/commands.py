@@ -10,7 +10,8 @@ from pathlib import Path
 from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
-from sluice.cli.service_flags import add_scheduler_options, add_worker_options, scheduler_flags, worker_flags
+from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
+                                     scheduler_flags, worker_flags)
 
 
 def add_bench_commands(commands) -> None:
@@ -48,6 +49,7 @@ def add_bench_commands(commands) -> None:
 def _add_engine_options(parser) -> None:
     add_worker_options(parser)
     add_scheduler_options(parser)
+    add_router_process_options(parser)
 
 
 def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
@@ -55,6 +57,9 @@ def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int],
     parser.add_argument("--input-len", type=int, nargs=2, default=input_len, metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=output_len, metavar=("MIN", "MAX"))
     parser.add_argument("--seed", type=int, default=0, help="of the prompts, lengths and sampled draws")
+    parser.add_argument("--connections", type=int,
+                        help="client connections the requests are spread over (default: 1, or 4 per router process "
+                             "where the benchmark starts several)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     add_sampling_options(parser)
 
@@ -88,19 +93,24 @@ def _warm_up(args) -> list[BenchRequest]:
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
     from sluice.cli.bench.grpc_load import run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
-    from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_serving
+    from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_routers_serve
     from sluice.client import scheduler_load
 
-    layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size)
+    layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size,
+                                       router_processes=args.router_processes)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
-    processes = start_services(layout, worker_flags(args), scheduler_flags(args), router_flags)
+    processes = start_services(layout, worker_flags(args), scheduler_flags(args),
+                               [router_flags] * args.router_processes)
+    connections = args.connections or (1 if args.router_processes == 1 else 4 * args.router_processes)
     try:
-        wait_until_serving(layout.router_address, "sluice.v1.Generation", 900, processes)
-        asyncio.run(run_load(layout.router_address, _warm_up(args)))
-        services = dict(zip(("worker", "scheduler", "router"), (process.pid for process in processes)))
+        wait_until_routers_serve(layout, 900, processes)
+        asyncio.run(run_load(layout.router_address, _warm_up(args), connections=connections))
+        routers = [f"router {i + 1}" if i else "router" for i in range(args.router_processes)]
+        services = dict(zip(("worker", "scheduler", *routers), (process.pid for process in processes)))
         cpu = ProcessCpu(services | {"client": os.getpid()})
         before = scheduler_load(layout.scheduler_address)
-        traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency))
+        traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency,
+                                                connections=connections))
         busy_cores = cpu.busy_cores(duration)
         after = scheduler_load(layout.scheduler_address)
     finally:
@@ -227,7 +237,7 @@ def _serve(args) -> None:
     with tqdm(total=len(requests), desc="requests") as progress:
         options = (args.rate, args.concurrency, args.seed, progress)
         load = run_openai_load(args.openai_url, args.model, requests, *options) if args.openai_url \
-            else run_load(args.address, requests, *options)
+            else run_load(args.address, requests, *options, connections=args.connections or 1)
         traces, duration = asyncio.run(load)
     summary = summarize(traces, duration)
     front = f"through {args.openai_url}" if args.openai_url else f"at {args.address}"

@@ -1,4 +1,6 @@
 """Drives a running router with many concurrent streaming requests and records every token's arrival time."""
+import contextlib
+import itertools
 import time
 
 import grpc
@@ -13,12 +15,18 @@ from sluice.v1 import generation_pb2_grpc
 
 
 async def run_load(address: str, requests: list[BenchRequest], rate: float | None = None,
-                   concurrency: int | None = None, seed: int = 0, progress=None) -> tuple[list[RequestTrace], float]:
-    """rate: Poisson arrivals per second (None: all at once); concurrency: at most this many in flight."""
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+                   concurrency: int | None = None, seed: int = 0, progress=None,
+                   connections: int = 1) -> tuple[list[RequestTrace], float]:
+    """rate: Poisson arrivals per second (None: all at once); concurrency: at most this many in flight; the requests
+    go round-robin over `connections` TCP connections (router processes sharing a port each take some)."""
+    options = CHANNEL_OPTIONS + [("grpc.use_local_subchannel_pool", 1)]  # else channels to one address share one
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [await stack.enter_async_context(grpc.aio.insecure_channel(address, options=options))
+                    for _ in range(connections)]
+        stubs = itertools.cycle([generation_pb2_grpc.GenerationStub(channel) for channel in channels])
 
         async def send(request: BenchRequest, trace: RequestTrace) -> None:
+            stub = next(stubs)
             message = pb.GenerateRequest(
                 tokens=pb.TokenIds(ids=request.prompt_token_ids), return_token_ids=True,
                 sampling=sampling_params_to_pb(request.sampling_params()))

@@ -1,0 +1,83 @@
+"""`sluice serve --router-processes 2`: two router processes listen on the router's port, each takes a share of the
+client connections, and the port keeps serving through the other when one is killed."""
+import asyncio
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2
+
+from sluice.cli.bench.grpc_load import run_load
+from sluice.cli.bench.workload import random_workload
+from sluice.cli.launcher import free_ports, stop_services
+from sluice.client import SluiceClient, text_request
+from tests.e2e.services import wait_for_health
+
+pytestmark = pytest.mark.slow
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def _routers(serve: subprocess.Popen) -> list[psutil.Process]:
+    return [child for child in psutil.Process(serve.pid).children() if child.cmdline()[3:4] == ["router"]]
+
+
+def _own_address(router: psutil.Process) -> str:
+    """The loopback address only this router process listens on, besides the shared port."""
+    command = router.cmdline()
+    return command[command.index("--listen") + 1].split(",")[1]
+
+
+def _finished_requests(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return float(re.search(r"^vllm:e2e_request_latency_seconds_count\{[^}]*\} (\S+)$", text, re.M).group(1))
+
+
+def _generate_once_served(client: SluiceClient, request, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.generate(request).token_ids
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
+            time.sleep(0.2)
+
+
+def test_router_processes_share_the_port(default_model_dir):
+    port, metrics_port = free_ports(2)
+    address = f"127.0.0.1:{port}"
+    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
+                              "--port", str(port), "--router-processes", "2", "--metrics-port", str(metrics_port),
+                              "--drain-timeout", "2"])
+    request = text_request("The capital of France is", max_tokens=6, temperature=0.0)
+    try:
+        wait_for_health(address, "sluice.v1.Generation", SERVING, timeout=300)
+        routers = _routers(serve)
+        assert len(routers) == 2
+        answers = []
+        for router in routers:
+            wait_for_health(_own_address(router), "sluice.v1.Generation", SERVING, timeout=60)
+            with SluiceClient(_own_address(router)) as client:
+                answers.append(client.generate(request).token_ids)
+        assert answers[0] == answers[1] and len(answers[0]) == 6
+
+        # metrics ports: router, scheduler, worker, then the second router
+        before = [_finished_requests(metrics_port), _finished_requests(metrics_port + 3)]
+        requests = random_workload(16, (8, 16), (4, 4), 49152, 0)
+        traces, _ = asyncio.run(run_load(address, requests, connections=16))
+        assert [len(trace.token_times) for trace in traces] == [4] * 16
+        after = [_finished_requests(metrics_port), _finished_requests(metrics_port + 3)]
+        served = [a - b for a, b in zip(after, before)]
+        assert sum(served) == 16 and min(served) > 0, served
+
+        routers[0].kill()
+        routers[0].wait()
+        with SluiceClient(address) as client:
+            assert _generate_once_served(client, request, timeout=60) == answers[0]
+        assert serve.poll() is None
+    finally:
+        stop_services([serve])
