@@ -17,6 +17,7 @@
 #   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
 #   fp8kv       the standard workload with a bf16 against an FP8 KV cache, alternating, two rounds
 #   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
+#   routers     the standard workload with an FP8 KV cache through one router and through two, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -89,6 +90,14 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       for flags in "" "--speculative-method ngram"; do
         echo "-- standard workload ${flags:-without speculation}"
         bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/throughput_spec${flags//[ .-]/}.json"
+      done ;;
+    routers)
+      for round in 1 2; do
+        for routers in 1 2; do
+          echo "-- FP8 KV cache, $routers router process(es), round $round"
+          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype fp8 --router-processes $routers \
+            --out "$OUT/throughput_routers${routers}_$round.json"
+        done
       done ;;
     sampling)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_seeded_uniform.py \
