@@ -1,5 +1,6 @@
 """Command-line options of the worker, the scheduler and the router, shared by `sluice serve`, the services and
 `sluice bench`."""
+import argparse
 from pathlib import Path
 
 from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
@@ -58,10 +59,17 @@ def add_scheduler_options(parser) -> None:
 
 
 def add_router_process_options(parser) -> None:
-    parser.add_argument("--router-processes", type=int, default=1,
+    parser.add_argument("--router-processes", type=_at_least_one, default=1,
                         help="router processes sharing the router's port (SO_REUSEPORT), each taking a share of "
                              "its client connections: one router's event loop carries about 25,000 streamed "
                              "tokens a second")
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_router_limit_options(parser) -> None:
