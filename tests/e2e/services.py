@@ -126,3 +126,14 @@ def stream_to_its_end(client: SluiceClient, request, started: threading.Semaphor
         codes.append(grpc.StatusCode.OK)
     except grpc.RpcError as error:
         codes.append(error.code())
+
+
+def generate_once_served(client: SluiceClient, request, timeout: float) -> list[int]:
+    """The request's tokens, asked again while the stack answers UNAVAILABLE (a service restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.generate(request).token_ids
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
+            time.sleep(0.2)

@@ -4,10 +4,8 @@ import asyncio
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
-import grpc
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2
@@ -16,7 +14,7 @@ from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.launcher import free_ports, stop_services
 from sluice.client import SluiceClient, text_request
-from tests.e2e.services import wait_for_health
+from tests.e2e.services import generate_once_served, wait_for_health
 
 pytestmark = pytest.mark.slow
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -35,16 +33,6 @@ def _own_address(router: psutil.Process) -> str:
 def _finished_requests(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     return float(re.search(r"^vllm:e2e_request_latency_seconds_count\{[^}]*\} (\S+)$", text, re.M).group(1))
-
-
-def _generate_once_served(client: SluiceClient, request, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return client.generate(request).token_ids
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
-            time.sleep(0.2)
 
 
 def test_router_processes_share_the_port(default_model_dir):
@@ -77,7 +65,7 @@ def test_router_processes_share_the_port(default_model_dir):
         routers[0].kill()
         routers[0].wait()
         with SluiceClient(address) as client:
-            assert _generate_once_served(client, request, timeout=60) == answers[0]
+            assert generate_once_served(client, request, timeout=60) == answers[0]
         assert serve.poll() is None
     finally:
         stop_services([serve])

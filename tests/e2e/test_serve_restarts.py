@@ -1,16 +1,14 @@
 """`sluice serve` starts again a service that exits, and the stack serves again with nobody doing anything."""
 import subprocess
 import sys
-import time
 
-import grpc
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2
 
 from sluice.cli.launcher import free_port, stop_services
 from sluice.client import SluiceClient, text_request
-from tests.e2e.services import wait_for_health
+from tests.e2e.services import generate_once_served, wait_for_health
 
 pytestmark = pytest.mark.slow
 
@@ -18,16 +16,6 @@ pytestmark = pytest.mark.slow
 def _service_process(serve: subprocess.Popen, name: str) -> psutil.Process:
     """The child of `sluice serve` that runs `python -m sluice.cli <name>`."""
     return next(child for child in psutil.Process(serve.pid).children() if child.cmdline()[3:4] == [name])
-
-
-def _generate_once_served(client: SluiceClient, request, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return client.generate(request).token_ids
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
-            time.sleep(0.2)
 
 
 def test_serve_restarts_a_killed_worker(default_model_dir):
@@ -42,7 +30,7 @@ def test_serve_restarts_a_killed_worker(default_model_dir):
             worker = _service_process(serve, "worker")
             worker.kill()
             worker.wait()
-            assert _generate_once_served(client, request, timeout=60) == expected
+            assert generate_once_served(client, request, timeout=60) == expected
         assert serve.poll() is None
         assert _service_process(serve, "worker").pid != worker.pid
     finally:
