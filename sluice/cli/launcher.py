@@ -53,7 +53,8 @@ class ServeLayout:
         return [f"{self.router_address},{address}" for address in own] or [self.router_address]
 
     @property
-    def router_readiness_addresses(self) -> list[str]:
+    def router_process_addresses(self) -> list[str]:
+        """One address per router process: its own port where several share the router port, else the router's."""
         return [f"127.0.0.1:{port}" for port in self.router_own_ports] or [self.router_address]
 
     @property
@@ -137,7 +138,7 @@ def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: 
 
 def wait_until_routers_serve(layout: ServeLayout, timeout: float, processes: list[subprocess.Popen]) -> None:
     deadline = time.monotonic() + timeout
-    for address in layout.router_readiness_addresses:
+    for address in layout.router_process_addresses:
         wait_until_serving(address, "sluice.v1.Generation", max(0.0, deadline - time.monotonic()), processes)
 
 

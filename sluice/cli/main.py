@@ -88,7 +88,7 @@ def _serve(args) -> None:
         wait_until_routers_serve(layout, args.startup_timeout, processes)
         print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
         if gateway is not None:
-            smg = subprocess.Popen(gateway_command(gateway, [layout.router_address], args.model))
+            smg = subprocess.Popen(gateway_command(gateway, layout.router_process_addresses, args.model))
             services.append(KeptService(smg, RestartBackoff(), name="gateway"))
             wait_until_gateway_serves(gateway, args.startup_timeout, smg)
             print(f"the OpenAI API is on {gateway.url}/v1", flush=True)

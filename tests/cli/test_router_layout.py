@@ -10,7 +10,7 @@ def test_one_router_listens_on_the_router_port_alone():
     layout = ServeLayout.on_free_ports(router_port=50051)
     assert layout.router_processes == 1
     assert layout.router_listens == [layout.router_address]
-    assert layout.router_readiness_addresses == [layout.router_address]
+    assert layout.router_process_addresses == [layout.router_address]
 
 
 def test_several_routers_share_the_port_and_each_has_its_own():
@@ -18,7 +18,7 @@ def test_several_routers_share_the_port_and_each_has_its_own():
     own = [f"127.0.0.1:{port}" for port in layout.router_own_ports]
     assert layout.router_processes == 3 and len(set(own)) == 3
     assert layout.router_listens == [f"127.0.0.1:50051,{address}" for address in own]
-    assert layout.router_readiness_addresses == own
+    assert layout.router_process_addresses == own
     assert len(layout.worker_ports) == 2
     assert not {layout.scheduler_port, *layout.worker_ports} & set(layout.router_own_ports)
 
