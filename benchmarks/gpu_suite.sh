@@ -16,7 +16,8 @@
 #   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out at once, bf16 against FP8 weights and KV cache
 #   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
 #   fp8kv       the standard workload with a bf16 against an FP8 KV cache, alternating, two rounds
-#   speculation  Qwen3-0.6B batch 1 and the standard workload, without speculation against ngram, alternating
+#   speculation  Qwen3-0.6B batch 1 (4 x 512 tokens) and the standard workload, without speculation against ngram,
+#               alternating
 #   routers     the standard workload with an FP8 KV cache through one router and through two, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -84,7 +85,8 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       for round in 1 2; do
         for flags in "" "--speculative-method ngram"; do
           echo "-- batch 1 ${flags:-without speculation}, round $round"
-          bench latency --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/latency_spec${flags//[ .-]/}_$round.json"
+          bench latency --model Qwen3-0.6B "${DUMMY[@]}" $flags --num-requests 4 --output-len 512 512 \
+            --out "$OUT/latency_spec${flags//[ .-]/}_$round.json"
         done
       done
       for flags in "" "--speculative-method ngram"; do
