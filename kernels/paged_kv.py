@@ -36,15 +36,6 @@ def attend_kv_range(
     strides in words): see _attend_kv_words."""
     score_scale = scale_log2 * load_scale(k_scale_ptr, KV_FP8)
     v_scale = load_scale(v_scale_ptr, KV_FP8)
-    if k_ptr.dtype.element_ty == tl.int32:
-        acc, l, m = _attend_kv_words(
-            acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, full_end, score_scale,
-            stride_kb, stride_kt, stride_vb, stride_vt,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, False, DOT_DTYPE, DOT_PRECISION)
-        return _attend_kv_words(
-            acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, full_end, end, score_scale,
-            stride_kb, stride_kt, stride_vb, stride_vt,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, True, DOT_DTYPE, DOT_PRECISION)
     acc, l, m = _attend_kv_tiles(
         acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, full_end, score_scale,
         stride_kb, stride_kt, stride_vb, stride_vt,
@@ -70,8 +61,14 @@ def _attend_kv_tiles(
     the probabilities); (acc, l, m) is the running unnormalised output, sum and row max, returned updated.
     MASKED=False is the fast path for whole tiles that every row sees in full; MASKED=True masks positions >= end
     and, causally, positions > q_pos[row]. Callers guarantee that each row sees at least one position in the first
-    tile it processes, so m is finite afterwards and exp2(-inf - m) = 0.
+    tile it processes, so m is finite afterwards and exp2(-inf - m) = 0. An FP8 cache read as int32 words goes
+    through _attend_kv_words.
     """
+    if k_ptr.dtype.element_ty == tl.int32:
+        return _attend_kv_words(
+            acc, l, m, q, q_pos, k_ptr, v_ptr, v_scale, block_table_row_ptr, start, end, score_scale,
+            stride_kb, stride_kt, stride_vb, stride_vt,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, MASKED, DOT_DTYPE, DOT_PRECISION)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     for tile_start in range(start, end, BLOCK_N):
