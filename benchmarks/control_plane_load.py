@@ -19,10 +19,10 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sluice.cli.bench.grpc_load import run_load
+from sluice.cli.bench.grpc_load import connections_for, run_load
 from sluice.cli.bench.process_cpu import ProcessCpu
 from sluice.cli.bench.workload import random_workload
-from sluice.cli.launcher import ServeLayout, stop_services, wait_until_routers_serve
+from sluice.cli.launcher import ServeLayout, start_routers, stop_services, wait_until_routers_serve
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -107,18 +107,13 @@ def main() -> None:
     layout = ServeLayout.on_free_ports(router_processes=args.router_processes)
     worker, scheduler = layout.worker_addresses, layout.scheduler_address
     cli = [sys.executable, "-m", "sluice.cli", "--log-level", "WARNING"]
-    share_port = ["--share-port"] if args.router_processes > 1 else []
     processes = {
         "worker": subprocess.Popen([sys.executable, __file__, "--serve-worker", worker, "--speed", str(args.speed)],
                                    stdout=subprocess.PIPE, text=True),
         "scheduler": subprocess.Popen([*cli, "scheduler", "--listen", scheduler, "--worker", worker,
                                        "--max-model-len", "4096"]),
-    } | {
-        f"router {i + 1}" if i else "router": subprocess.Popen([*cli, "router", "--listen", listen, *share_port,
-                                                                 "--scheduler", scheduler, "--no-tokenizer"])
-        for i, listen in enumerate(layout.router_listens)
-    }
-    connections = 1 if args.router_processes == 1 else 4 * args.router_processes
+    } | dict(zip(layout.router_names, start_routers(layout, [["--no-tokenizer"]] * args.router_processes)))
+    connections = connections_for(args.router_processes)
     try:
         wait_until_routers_serve(layout, 120, list(processes.values()))
         asyncio.run(run_load(layout.router_address, random_workload(4, (100, 1024), (100, 1024), VOCAB_SIZE, 1),

@@ -53,6 +53,11 @@ class ServeLayout:
         return [f"{self.router_address},{address}" for address in own] or [self.router_address]
 
     @property
+    def router_names(self) -> list[str]:
+        """"router", "router 2", ...: the router processes as reports name them."""
+        return ["router"] + [f"router {i}" for i in range(2, self.router_processes + 1)]
+
+    @property
     def router_process_addresses(self) -> list[str]:
         """One address per router process: its own port where several share the router port, else the router's."""
         return [f"127.0.0.1:{port}" for port in self.router_own_ports] or [self.router_address]
@@ -120,20 +125,26 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
 
 def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: list[str],
                    router_args: list[list[str]], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """Worker, scheduler, then one router per layout.router_listens with its router_args (several share the router
-    port). env: the services' environment (default: this process's)."""
-    if len(router_args) != layout.router_processes:
-        raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
+    """Worker, scheduler, then the routers (start_routers). env: the services' environment (default: this
+    process's)."""
     command = [sys.executable, "-m", "sluice.cli"]
-    share_port = ["--share-port"] if layout.router_processes > 1 else []
     return [
         subprocess.Popen([*command, "worker", "--listen", layout.worker_addresses, *worker_args], env=env),
         subprocess.Popen([*command, "scheduler", "--listen", layout.scheduler_address,
                           "--worker", layout.worker_addresses, *scheduler_args], env=env),
-        *(subprocess.Popen([*command, "router", "--listen", listen, *share_port,
-                            "--scheduler", layout.scheduler_address, *args], env=env)
-          for listen, args in zip(layout.router_listens, router_args)),
+        *start_routers(layout, router_args, env),
     ]
+
+
+def start_routers(layout: ServeLayout, router_args: list[list[str]],
+                  env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """One router per layout.router_listens, with its router_args; several share the router port."""
+    if len(router_args) != layout.router_processes:
+        raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
+    share_port = ["--share-port"] if layout.router_processes > 1 else []
+    return [subprocess.Popen([sys.executable, "-m", "sluice.cli", "router", "--listen", listen, *share_port,
+                              "--scheduler", layout.scheduler_address, *args], env=env)
+            for listen, args in zip(layout.router_listens, router_args)]
 
 
 def wait_until_routers_serve(layout: ServeLayout, timeout: float, processes: list[subprocess.Popen]) -> None:

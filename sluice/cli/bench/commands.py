@@ -91,7 +91,7 @@ def _warm_up(args) -> list[BenchRequest]:
 
 
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
-    from sluice.cli.bench.grpc_load import run_load
+    from sluice.cli.bench.grpc_load import connections_for, run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
     from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_routers_serve
     from sluice.client import scheduler_load
@@ -101,12 +101,11 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
     processes = start_services(layout, worker_flags(args), scheduler_flags(args),
                                [router_flags] * args.router_processes)
-    connections = args.connections or (1 if args.router_processes == 1 else 4 * args.router_processes)
+    connections = args.connections or connections_for(args.router_processes)
     try:
         wait_until_routers_serve(layout, 900, processes)
         asyncio.run(run_load(layout.router_address, _warm_up(args), connections=connections))
-        routers = [f"router {i + 1}" if i else "router" for i in range(args.router_processes)]
-        services = dict(zip(("worker", "scheduler", *routers), (process.pid for process in processes)))
+        services = dict(zip(("worker", "scheduler", *layout.router_names), (process.pid for process in processes)))
         cpu = ProcessCpu(services | {"client": os.getpid()})
         before = scheduler_load(layout.scheduler_address)
         traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency,

@@ -14,6 +14,12 @@ from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
 
 
+def connections_for(router_processes: int) -> int:
+    """Client connections enough that the kernel's spread of them over router processes sharing a port reaches
+    each."""
+    return 1 if router_processes == 1 else 4 * router_processes
+
+
 async def run_load(address: str, requests: list[BenchRequest], rate: float | None = None,
                    concurrency: int | None = None, seed: int = 0, progress=None,
                    connections: int = 1) -> tuple[list[RequestTrace], float]:
