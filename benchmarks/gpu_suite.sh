@@ -18,7 +18,8 @@
 #   fp8kv       the standard workload with a bf16 against an FP8 KV cache, alternating, two rounds
 #   speculation  Qwen3-0.6B batch 1 (4 x 512 tokens) and the standard workload, without speculation against ngram,
 #               alternating
-#   routers     the standard workload with an FP8 KV cache through one router and through two, alternating
+#   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
+#               through two, alternating
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -95,10 +96,11 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       done ;;
     routers)
       for round in 1 2; do
-        for routers in 1 2; do
-          echo "-- FP8 KV cache, $routers router process(es), round $round"
-          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype fp8 --router-processes $routers \
-            --out "$OUT/throughput_routers${routers}_$round.json"
+        for setup in "auto 1" "fp8 1" "fp8 2"; do
+          set -- $setup
+          echo "-- $1 KV cache, $2 router process(es), round $round"
+          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype $1 --router-processes $2 \
+            --out "$OUT/throughput_kv$1_routers$2_$round.json"
         done
       done ;;
     sampling)
