@@ -97,10 +97,10 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     routers)
       for round in 1 2; do
         for setup in "auto 1" "fp8 1" "fp8 2"; do
-          set -- $setup
-          echo "-- $1 KV cache, $2 router process(es), round $round"
-          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype $1 --router-processes $2 \
-            --out "$OUT/throughput_kv$1_routers$2_$round.json"
+          read -r kv routers <<< "$setup"
+          echo "-- $kv KV cache, $routers router process(es), round $round"
+          bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype $kv --router-processes $routers \
+            --out "$OUT/throughput_kv${kv}_routers${routers}_$round.json"
         done
       done ;;
     sampling)

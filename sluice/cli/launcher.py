@@ -49,8 +49,9 @@ class ServeLayout:
     def router_listens(self) -> list[str]:
         """Each router process's --listen: the router port, and where several share it, a loopback port of its own
         (where the launcher sees that process ready)."""
-        own = [f"127.0.0.1:{port}" for port in self.router_own_ports]
-        return [f"{self.router_address},{address}" for address in own] or [self.router_address]
+        if not self.router_own_ports:
+            return [self.router_address]
+        return [f"{self.router_address},{own}" for own in self.router_process_addresses]
 
     @property
     def router_names(self) -> list[str]:
