@@ -73,7 +73,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       done ;;
     fp8profile)
       timeout 400 python3 benchmarks/gpu_step_profile.py "$OUT/profile_8b_fp8.json" --model Llama-3.1-8B $FP8 \
-        --num-requests 400 --input-len 1000 1000 --output-len 1000 1000 2>&1 | grep -v Warning | head -60 ;;
+        --num-requests 400 --input-len 1000 1000 --output-len 1000 1000 --max-num-seqs 512 2>&1 | grep -v Warning | head -60 ;;
     fp8kv)
       for round in 1 2; do
         for flags in "" "--kv-cache-dtype fp8"; do
