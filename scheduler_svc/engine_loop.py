@@ -9,7 +9,8 @@ from scheduler_svc.outputs import RequestUpdate
 from scheduler_svc.request import Request
 from scheduler_svc.request_telemetry import SchedulerTelemetry
 from scheduler_svc.router_sessions import RouterSessions
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
+from scheduler_svc.pipeline_depth import PipelineDepth
+from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.worker_group import WorkerGroup
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
@@ -59,21 +60,26 @@ class EngineLoop:
         # Async scheduling: step N + 1 is planned and sent while step N runs, so the worker finds its next step
         # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs.
         in_flight: deque[StepPlan] = deque()
+        depth = PipelineDepth()
         while True:
             self._publish(self.scheduler.expire_deadlines(time.monotonic()))
-            if len(in_flight) < MAX_STEPS_IN_FLIGHT:
+            if len(in_flight) < depth.limit:
                 plan = self.scheduler.schedule()
                 if not plan.is_empty:
                     self.telemetry.planned(plan)
                     self.worker.send(plan)
+                    depth.plan_sent(time.perf_counter())
                     in_flight.append(plan)
-                    if len(in_flight) < MAX_STEPS_IN_FLIGHT:
+                    if len(in_flight) < depth.limit:
                         continue
             if not in_flight:
+                depth.idled()
                 await self._idle()
                 continue
             plan = in_flight.popleft()
-            self._publish(self.scheduler.update_from_outcome(plan, await self.worker.receive()))
+            outcome = await self.worker.receive()
+            depth.outcome_received(time.perf_counter())
+            self._publish(self.scheduler.update_from_outcome(plan, outcome))
             self._seal_kv_events()
 
     def _seal_kv_events(self) -> None:
