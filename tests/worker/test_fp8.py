@@ -44,11 +44,12 @@ def test_emulated_gemm_is_the_product_of_the_dequantized_operands(layer):
     assert ((got - bias - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.06
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_scaled_mm_matches_the_emulation(layer, dtype):
-    """torch._scaled_mm (what a GPU with FP8 runs) has a CPU implementation: the call's layouts and scales agree
-    with the emulated arithmetic, up to its bf16 output."""
-    x, weight, bias = layer
+def test_scaled_mm_matches_the_emulation(layer, dtype, device):
+    """torch._scaled_mm (what a GPU with FP8 runs, with fast accumulation; the CPU has an implementation too): the
+    call's layouts and scales agree with the emulated arithmetic, up to its bf16 output."""
+    x, weight, bias = (tensor.to(device) for tensor in layer)
     w_q, w_scale = quantize_rows(weight)
     x, bias = x.to(dtype), bias.to(dtype)
     got = scaled_mm_fp8_linear(x, w_q, w_scale, bias)
