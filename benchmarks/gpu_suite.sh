@@ -7,6 +7,7 @@
 #   throughput  the standard workload in process and through the gRPC stack
 #   latency     batch-1 time per output token, Qwen3-0.6B and Llama-3.1-8B, in process and through gRPC
 #   serve       8 req/s of 1k in / 256 out on Llama-3.1-8B against `sluice serve`
+#   serve16     16 req/s of the same at a 512-token budget, bf16 then FP8 weights and KV cache
 #   sampling    the sampling tests on the GPU (its kernels against the torch path), the sampling step alone at 256 x
 #               151,936, and the standard workload greedy and sampled through gRPC
 #   kernels     the kernel tests and benchmarks
@@ -26,6 +27,15 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 DUMMY=(--load-format dummy --dtype bfloat16 --device cuda)
 FP8="--quantization fp8 --kv-cache-dtype fp8"
+serve_8b() {  # name, requests per second, number of requests, then `sluice serve` flags
+  python3 -m sluice.cli --log-level WARNING serve --model Llama-3.1-8B "${DUMMY[@]}" --port 50051 "${@:4}" \
+    > "$OUT/$1.log" 2>&1 &
+  local server=$!
+  timeout 300 bash -c 'until grep -q "is serving" "$0"; do sleep 2; done' "$OUT/$1.log"
+  timeout 120 python3 -m sluice.cli bench serve --address 127.0.0.1:50051 --rate $2 --num-requests $3 \
+    --input-len 1024 1024 --output-len 256 256 --vocab-size 128256 --out "$OUT/$1.json" 2>/dev/null | tail -12
+  kill $server; wait $server
+}
 bench() { timeout ${BENCH_TIMEOUT:-200} python3 -m sluice.cli --log-level WARNING bench "$@" 2> >(grep -v Warning | tail -20 >&2) | tail -3; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
 for stage in ${STAGES:-agreement worker profile throughput latency serve sampling kernels}; do
@@ -46,14 +56,12 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
           bench latency --model $model "${DUMMY[@]}" $mode --out "$OUT/latency_$model${mode:+_inproc}.json"
         done
       done ;;
-    serve)
-      python3 -m sluice.cli --log-level WARNING serve --model Llama-3.1-8B "${DUMMY[@]}" --port 50051 \
-        > "$OUT/serve.log" 2>&1 &
-      server=$!
-      timeout 300 bash -c 'until grep -q "is serving" "$0"; do sleep 2; done' "$OUT/serve.log"
-      timeout 120 python3 -m sluice.cli bench serve --address 127.0.0.1:50051 --rate 8 --num-requests 200 \
-        --input-len 1024 1024 --output-len 256 256 --vocab-size 128256 --out "$OUT/serve.json" 2>/dev/null | tail -12
-      kill $server; wait $server ;;
+    serve) serve_8b serve 8 200 ;;
+    serve16)
+      for flags in "" "$FP8"; do
+        echo "-- ${flags:-bf16}"
+        serve_8b "serve16_${flags//[ .-]/}" 16 300 --max-num-batched-tokens 512 $flags
+      done ;;
     linear)
       timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fused_linear.py 2>&1 | tail -3
       timeout 400 python3 benchmarks/kernel_linear.py "$OUT/linear.json" ${LINEAR_ARGS:-} 2>&1 | grep -v Warning ;;
