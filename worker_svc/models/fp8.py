@@ -57,9 +57,9 @@ def scaled_mm_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     """The FP8 GEMM: row-wise scales (per token x per channel), bf16 out (what row-wise scaling supports). quantize:
     quantize_rows or a kernel with its arithmetic (kernels.fp8_quant)."""
     x_q, x_scale = quantize(x)
-    # NOTE: fast accumulation (the FP8 tensor cores' accumulator, not promoted to float32 every few k-steps): Llama-3.1-8B's
-    # GEMMs at 400 rows 18-40% faster and at 8,192 rows 8-12% (H100), 400 x 1,000/1,000 tokens 11,460 -> 12,136
-    # output tok/s; outputs within 2-4e-3 (relative) of the promoted accumulation's.
+    # NOTE: fast accumulation (the FP8 tensor cores' accumulator, not promoted to float32 every few k-steps):
+    # Llama-3.1-8B's GEMMs at 400 rows 18-40% faster and at 8,192 rows 8-12% (H100), 400 x 1,000/1,000 tokens
+    # 11,460 -> 12,136 output tok/s; outputs within 2-4e-3 (relative) of the promoted accumulation's.
     y = torch._scaled_mm(x_q, weight.T, scale_a=x_scale[:, None], scale_b=weight_scale[None, :],
                          out_dtype=torch.bfloat16, use_fast_accum=True)
     return (y if bias is None else y + bias).to(x.dtype)
