@@ -28,8 +28,8 @@ SAMPLED = ["--temperature", "0.8", "--top-p", "0.95", "--top-k", "50", "--repeti
            "--frequency-penalty", "0.2", "--logprobs", "5"]
 
 
-@pytest.mark.parametrize("mode", [["--in-process", "--baseline", "hf"], [], SAMPLED],
-                         ids=["in-process+hf", "grpc", "grpc-sampled"])
+@pytest.mark.parametrize("mode", [["--in-process", "--baseline", "hf"], [], SAMPLED, ["--client-processes", "2"]],
+                         ids=["in-process+hf", "grpc", "grpc-sampled", "grpc-two-client-processes"])
 def test_throughput_reports_every_requested_token(tmp_path, default_model_dir, mode):
     report = _bench(tmp_path, "throughput", *mode)
     workload = random_workload(4, (8, 16), (3, 6), 49152)

@@ -1,7 +1,6 @@
 """The `sluice bench` subcommands."""
 import asyncio
 import json
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -23,6 +22,8 @@ def add_bench_commands(commands) -> None:
     throughput.add_argument("--in-process", action="store_true", help="the same engine without gRPC")
     throughput.add_argument("--baseline", choices=["hf"], help="also run Hugging Face transformers")
     throughput.add_argument("--hf-batch-size", type=int, default=256)
+    throughput.add_argument("--client-processes", type=int, default=1,
+                            help="load client processes, one event loop each, the requests dealt out among them")
     throughput.set_defaults(run=_throughput)
 
     latency = bench.add_parser("latency", help="batch-1 time per output token")
@@ -90,7 +91,9 @@ def _warm_up(args) -> list[BenchRequest]:
                                          args.seed + 1), args)
 
 
-def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None) -> dict:
+def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None,
+                  client_processes: int = 1) -> dict:
+    from sluice.cli.bench.client_processes import timed_load
     from sluice.cli.bench.grpc_load import connections_for, run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
     from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_routers_serve
@@ -106,11 +109,11 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
         wait_until_routers_serve(layout, 900, processes)
         asyncio.run(run_load(layout.router_address, _warm_up(args), connections=connections))
         services = dict(zip(("worker", "scheduler", *layout.router_names), (process.pid for process in processes)))
-        cpu = ProcessCpu(services | {"client": os.getpid()})
+        cpu = ProcessCpu(services)
         before = scheduler_load(layout.scheduler_address)
-        traces, duration = asyncio.run(run_load(layout.router_address, requests, concurrency=concurrency,
-                                                connections=connections))
-        busy_cores = cpu.busy_cores(duration)
+        traces, duration, client_cpu = timed_load(layout.router_address, requests, concurrency, connections,
+                                                  client_processes)
+        busy_cores = cpu.busy_cores(duration) | {"client": client_cpu}
         after = scheduler_load(layout.scheduler_address)
     finally:
         stop_services(processes)
@@ -182,7 +185,8 @@ def _hf(args, requests: list[BenchRequest]):
 def _throughput(args) -> None:
     _resolve_model(args)
     requests = _workload(args)
-    results = [_in_process(args, requests) if args.in_process else _through_grpc(args, requests)]
+    results = [_in_process(args, requests) if args.in_process
+               else _through_grpc(args, requests, client_processes=args.client_processes)]
     _print_throughput(results[0], results[0]["output_tokens_per_s"])
     for result in _hf(args, requests) if args.baseline == "hf" else ():
         results.append(result)
