@@ -20,7 +20,7 @@
 #   speculation  Qwen3-0.6B batch 1 (4 x 512 tokens) and the standard workload, without speculation against ngram,
 #               alternating
 #   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
-#               through two, alternating
+#               through two, alternating, the load from two client processes
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -108,7 +108,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
           read -r kv routers <<< "$setup"
           echo "-- $kv KV cache, $routers router process(es), round $round"
           bench throughput --model Qwen3-0.6B "${DUMMY[@]}" --kv-cache-dtype $kv --router-processes $routers \
-            --out "$OUT/throughput_kv${kv}_routers${routers}_$round.json"
+            --client-processes 2 --out "$OUT/throughput_kv${kv}_routers${routers}_$round.json"
         done
       done ;;
     sampling)
