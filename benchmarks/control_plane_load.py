@@ -6,11 +6,10 @@ Reports how far the client's last token trails the stand-in's last outcome (a ro
 lag) and the CPU each process spends per output token. --speed 2 runs the steps twice as fast as the model, which
 stands for a host with half the CPU speed.
 
-    python benchmarks/control_plane_load.py [--speed 2] [--router-processes 2]
+    python benchmarks/control_plane_load.py [--speed 2] [--router-processes 2] [--client-processes 2]
 """
 import argparse
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from sluice.cli.bench.client_processes import timed_load
 from sluice.cli.bench.grpc_load import connections_for, run_load
 from sluice.cli.bench.process_cpu import ProcessCpu
 from sluice.cli.bench.workload import random_workload
@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--router-processes", type=int, default=1, help="routers sharing the port, as `sluice serve "
                                                                         "--router-processes` starts them")
+    parser.add_argument("--client-processes", type=int, default=1, help="load client processes")
     parser.add_argument("--serve-worker", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_worker:
@@ -119,13 +120,13 @@ def main() -> None:
         asyncio.run(run_load(layout.router_address, random_workload(4, (100, 1024), (100, 1024), VOCAB_SIZE, 1),
                              connections=connections))
         requests = random_workload(args.num_requests, (100, 1024), (100, 1024), VOCAB_SIZE, 0)
-        cpu = ProcessCpu({name: process.pid for name, process in processes.items()} | {"client": os.getpid()})
-        started = time.perf_counter()
-        traces, duration = asyncio.run(run_load(layout.router_address, requests, connections=connections))
-        busy_cores = cpu.busy_cores(duration)
+        cpu = ProcessCpu({name: process.pid for name, process in processes.items()})
+        traces, duration, client_cpu = timed_load(layout.router_address, requests, connections=connections,
+                                                  processes=args.client_processes)
+        busy_cores = cpu.busy_cores(duration) | {"client": client_cpu}
     finally:
         stop_services(list(processes.values()))
-    last_outcome = float(processes["worker"].stdout.read()) - started
+    last_outcome = float(processes["worker"].stdout.read()) - min(trace.sent_at for trace in traces)
     tokens = sum(len(trace.token_times) for trace in traces)
     print(f"speed {args.speed}: {tokens} tokens; the stand-in's last outcome at {last_outcome:.3f} s, the client's "
           f"last token at {duration:.3f} s ({tokens / duration:,.0f} tok/s)")

@@ -12,10 +12,11 @@ from sluice.cli.bench.workload import random_workload
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "control_plane_load.py"
 
 
-@pytest.mark.parametrize("router_processes", [1, 2])
-def test_every_token_of_the_workload_reaches_the_client(router_processes):
+@pytest.mark.parametrize(("router_processes", "client_processes"), [(1, 1), (2, 2)])
+def test_every_token_of_the_workload_reaches_the_client(router_processes, client_processes):
     run = subprocess.run([sys.executable, str(SCRIPT), "--num-requests", "8", "--speed", "4", "--router-processes",
-                          str(router_processes)], check=True, capture_output=True, text=True, timeout=300)
+                          str(router_processes), "--client-processes", str(client_processes)], check=True,
+                         capture_output=True, text=True, timeout=300)
     expected = sum(r.max_tokens for r in random_workload(8, (100, 1024), (100, 1024), 151936, 0))
     assert re.search(rf"^speed 4.0: {expected} tokens;", run.stdout, re.MULTILINE), run.stdout
     assert "CPU per output token: worker" in run.stdout
