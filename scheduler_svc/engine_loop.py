@@ -58,7 +58,8 @@ class EngineLoop:
     async def run(self) -> None:
         """Raises Unavailable when the worker is lost."""
         # Async scheduling: step N + 1 is planned and sent while step N runs, so the worker finds its next step
-        # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs.
+        # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs. PipelineDepth
+        # says whether step N + 2 is queued too.
         in_flight: deque[StepPlan] = deque()
         depth = PipelineDepth()
         while True:
