@@ -128,6 +128,12 @@ def stream_to_its_end(client: SluiceClient, request, started: threading.Semaphor
         codes.append(error.code())
 
 
+def wait_for_serve(serve: subprocess.Popen) -> None:
+    """Until `sluice serve` (its stdout a text pipe) has seen every router serve: a service that exits before then
+    fails the start instead of being started again."""
+    assert any("is serving" in line for line in serve.stdout), "sluice serve exited before it served"
+
+
 def generate_once_served(client: SluiceClient, request, timeout: float) -> list[int]:
     """The request's tokens, asked again while the stack answers UNAVAILABLE (a service restarting)."""
     deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.launcher import free_ports, stop_services
 from sluice.client import SluiceClient, text_request
-from tests.e2e.services import generate_once_served, wait_for_health
+from tests.e2e.services import generate_once_served, wait_for_health, wait_for_serve
 
 pytestmark = pytest.mark.slow
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -40,9 +40,10 @@ def test_router_processes_share_the_port(default_model_dir):
     address = f"127.0.0.1:{port}"
     serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
                               "--port", str(port), "--router-processes", "2", "--metrics-port", str(metrics_port),
-                              "--drain-timeout", "2"])
+                              "--drain-timeout", "2"], stdout=subprocess.PIPE, text=True)
     request = text_request("The capital of France is", max_tokens=6, temperature=0.0)
     try:
+        wait_for_serve(serve)
         wait_for_health(address, "sluice.v1.Generation", SERVING, timeout=300)
         routers = _routers(serve)
         assert len(routers) == 2
