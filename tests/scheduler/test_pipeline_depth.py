@@ -7,7 +7,7 @@ def _run_steps(depth: PipelineDepth, step_ms: float, turnaround_ms: float, steps
         outcome_at = (start_ms + i * step_ms) / 1000
         depth.outcome_received(outcome_at)
         depth.plan_sent(outcome_at + turnaround_ms / 1000)
-        depth.plan_sent(outcome_at + 2 * turnaround_ms / 1000)  # a second plan after one outcome is no turnaround
+        depth.plan_sent(outcome_at + 0.9 * step_ms / 1000)  # a later plan after the same outcome is no turnaround
 
 
 def test_long_steps_with_a_quick_scheduler_keep_one_step_queued():

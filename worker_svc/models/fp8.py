@@ -1,8 +1,8 @@
 """FP8 linear layers: e4m3 weights with one float32 scale per output channel, activations quantized per token.
 
-y = (x_q * x_scale) @ (w_q * w_scale).T + bias, accumulated in float32. On a device with FP8 GEMMs (CUDA compute
-capability 8.9 and up) the product runs in torch._scaled_mm, with fast accumulation; on the CPU the same arithmetic
-is emulated in float32.
+y = (x_q * x_scale) @ (w_q * w_scale).T + bias. On a device with FP8 GEMMs (CUDA compute capability 8.9 and up) the
+product runs in torch._scaled_mm, accumulated in the tensor cores' fast FP8 accumulator; on the CPU the same
+arithmetic is emulated, accumulated in float32.
 """
 from collections.abc import Callable
 from functools import partial
