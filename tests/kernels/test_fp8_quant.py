@@ -39,6 +39,17 @@ def test_strided_rows_zero_rows_and_no_rows(device):
     assert empty_out.shape == (0, 256) and empty_scale.shape == (0,)
 
 
+def test_rows_out_pads_with_zero_rows(device):
+    x = _representable_rows(3, 300, torch.bfloat16, device)
+    out, scale = quantize_rows_fp8(x, rows_out=8)
+    ref_out, ref_scale = quantize_rows_fp8_ref(x, rows_out=8)
+    assert out.shape == (8, 300) and torch.equal(scale, ref_scale) and torch.equal(out.float(), ref_out.float())
+    assert torch.equal(out[:3].float(), quantize_rows_fp8(x)[0].float())
+    assert not out[3:].float().any() and (scale[3:] == MIN_SCALE).all()
+    with pytest.raises(ValueError, match="rows_out"):
+        quantize_rows_fp8(x, rows_out=2)
+
+
 def test_refuses_rows_that_are_not_contiguous(device):
     with pytest.raises(ValueError, match="contiguous rows"):
         quantize_rows_fp8(torch.randn(8, 8, device=device).T)

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.models.fp8 import (FP8, dequantize_rows, emulated_fp8_linear, fp8_gemm_for, quantize_linear_weights,
-                                   quantize_rows, scaled_mm_fp8_linear)
+                                   quantize_rows, scaled_mm_fp8_linear, scaled_mm_rows)
 
 
 @pytest.fixture
@@ -56,6 +56,18 @@ def test_scaled_mm_matches_the_emulation(layer, dtype, device):
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), emulated_fp8_linear(x, w_q, w_scale, bias).float(), atol=3e-2,
                                rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_gemm_padded_for_cublas_returns_its_own_rows(device):
+    torch.manual_seed(1)
+    x, weight = torch.randn(400, 64, device=device), torch.randn(32, 64, device=device)
+    w_q, w_scale = quantize_rows(weight)
+    assert scaled_mm_rows(400) == 512 and [scaled_mm_rows(rows) for rows in (1, 384, 512, 640)] == [1, 384, 512, 640]
+    got = scaled_mm_fp8_linear(x, w_q, w_scale, None)
+    assert got.shape == (400, 32)
+    # each row's product is the same as in a GEMM that needs no padding
+    torch.testing.assert_close(got, torch.cat([scaled_mm_fp8_linear(rows, w_q, w_scale, None) for rows in x.split(200)]))
 
 
 def test_the_cpu_emulates_and_other_devices_without_fp8_fail_at_start():
