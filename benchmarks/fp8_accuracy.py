@@ -1,5 +1,6 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
-fixed text, and the cosine similarity and KL divergence of its logits, printed as JSON. --what weights compares
+fixed text, the cosine similarity and KL divergence of its logits, and each decoder layer's output (the residual
+stream after it) over the text: its cosine similarity and relative error, printed as JSON. --what weights compares
 --quantization fp8 with auto, --what kv-cache --kv-cache-dtype fp8 with auto.
 Run from the repository root: PYTHONPATH=. python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
 [--tokens 40] [--dtype float32]; with --load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda)
@@ -35,7 +36,7 @@ def main() -> None:
                   for value in ("auto", "fp8"))
     prompts, ids = _token_ids(model, args.load_format, exact.model_config.vocab_size)
     greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
-    logits = [prompt_logits(engine, ids).float().cpu() for engine in (exact, fp8)]
+    logits, streams = zip(*(_logits_and_layer_streams(engine, ids) for engine in (exact, fp8)))
     cosine = F.cosine_similarity(*logits, dim=-1)
     kl = F.kl_div(torch.log_softmax(logits[1], -1), torch.log_softmax(logits[0], -1), log_target=True,
                   reduction="none").sum(-1)
@@ -45,7 +46,20 @@ def main() -> None:
         "first_difference": [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(*greedy)],
         "log_likelihood": likelihoods, "log_likelihood_relative_change": likelihoods[1] / likelihoods[0] - 1,
         "logit_cosine_mean": cosine.mean().item(), "logit_cosine_min": cosine.min().item(),
-        "kl_mean": kl.mean().item(), "kl_max": kl.max().item()}))
+        "kl_mean": kl.mean().item(), "kl_max": kl.max().item(),
+        "layer_cosine_mean": [F.cosine_similarity(a, b, dim=-1).mean().item() for a, b in zip(*streams)],
+        "layer_relative_error": [((b - a).norm() / a.norm()).item() for a, b in zip(*streams)]}))
+
+
+def _logits_and_layer_streams(engine: WorkerEngine, ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The text's logits, and the residual stream after each decoder layer ([tokens, hidden] float32)."""
+    streams = []
+    hooks = [layer.register_forward_hook(lambda _, __, out: streams.append((out[0] + out[1]).float().cpu()))
+             for layer in engine.model.layers]
+    logits = prompt_logits(engine, ids).float().cpu()
+    for hook in hooks:
+        hook.remove()
+    return logits, streams
 
 
 def _token_ids(model: str, load_format: str, vocab_size: int) -> tuple[list[list[int]], list[int]]:
