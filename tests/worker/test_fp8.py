@@ -67,8 +67,9 @@ def test_a_gemm_padded_for_cublas_returns_its_own_rows(device):
         [1, 300, 384, 512, 512, 768, 1024, 1100]
     got = scaled_mm_fp8_linear(x, w_q, w_scale, None)
     assert got.shape == (400, 32)
-    # each row's product is the same as in a GEMM that needs no padding
-    torch.testing.assert_close(got, torch.cat([scaled_mm_fp8_linear(rows, w_q, w_scale, None) for rows in x.split(200)]))
+    # each row's product is the one a GEMM without padding gives, up to its bf16 output (a GPU may pick other kernels)
+    unpadded = torch.cat([scaled_mm_fp8_linear(rows, w_q, w_scale, None) for rows in x.split(200)])
+    torch.testing.assert_close(got, unpadded, atol=3e-2, rtol=1.6e-2)
 
 
 def test_the_cpu_emulates_and_other_devices_without_fp8_fail_at_start():
