@@ -8,9 +8,12 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from kernels.fp8_quant import FP8, FP8_MAX, quantize_rows_fp8_ref
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+_MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of zero
 QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -32,9 +35,12 @@ def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
-# (x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None], each row's absolute maximum mapped to FP8_MAX;
-# rows_out pads x with rows of zeros to that many rows. The torch arithmetic that kernels.fp8_quant's kernel matches.
-quantize_rows: RowQuantizer = quantize_rows_fp8_ref
+def quantize_rows(x: torch.Tensor, rows_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None]: each row's absolute maximum maps to FP8_MAX.
+    rows_out pads x with rows of zeros to that many rows."""
+    x = x if rows_out is None else F.pad(x, (0, 0, 0, rows_out - x.shape[0]))
+    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp_min(_MIN_SCALE)
+    return to_fp8(x, scale[:, None]), scale
 
 
 def dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
