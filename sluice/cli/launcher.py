@@ -73,26 +73,36 @@ class ServeLayout:
         return ",".join(f"{self.host}:{port}" for port in self.worker_ports)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", run: int = 1) -> list[int]:
     """Distinct ports that a service can still bind after a wait: they lie below the kernel's ephemeral range, so no
     outgoing connection takes one in the meantime (a port the kernel hands out for bind(0) is in that range and is
     free again the moment its socket closes). A port is handed out once per process: one picked earlier may not be
-    bound yet."""
+    bound yet. With `run` > 1, each port begins that many free ports in a row (a service whose ranks bind the port
+    plus their rank)."""
     first_ephemeral = _first_ephemeral_port()
-    candidates = [port for port in range(_LOWEST_PICKED_PORT, first_ephemeral) if port not in _HANDED_OUT]
+    candidates = [port for port in range(_LOWEST_PICKED_PORT, first_ephemeral - run + 1)
+                  if _HANDED_OUT.isdisjoint(range(port, port + run))]
     random.shuffle(candidates)
-    ports = []
+    ports, taken = [], set()
     for port in candidates:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
+        block = range(port, port + run)
+        if taken.intersection(block) or not all(_bindable(host, p) for p in block):
+            continue
         ports.append(port)
+        taken.update(block)
         if len(ports) == count:
-            _HANDED_OUT.update(ports)
+            _HANDED_OUT.update(taken)
             return ports
-    raise OSError(f"fewer than {count} free ports on {host} below {first_ephemeral}")
+    raise OSError(f"fewer than {count} runs of {run} free ports on {host} below {first_ephemeral}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _first_ephemeral_port() -> int:

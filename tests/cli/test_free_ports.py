@@ -16,3 +16,13 @@ def test_picked_ports_are_distinct_and_no_outgoing_connection_takes_one():
         assert not {sock.getsockname()[1] for sock in outgoing} & set(ports)
         for port in ports:
             stack.enter_context(socket.create_server(("127.0.0.1", port)))
+
+
+def test_a_run_of_ports_is_bindable_and_no_later_pick_lands_inside_it():
+    starts = free_ports(3, run=4)
+    runs = [set(range(start, start + 4)) for start in starts]
+    assert len(set().union(*runs)) == 12
+    assert not set(free_ports(500)) & set().union(*runs)
+    with contextlib.ExitStack() as stack:
+        for port in sorted(set().union(*runs)):
+            stack.enter_context(socket.create_server(("127.0.0.1", port)))

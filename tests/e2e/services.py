@@ -58,7 +58,9 @@ def running_services(model: Path | str, scheduler_args: list[str] = (), worker_a
                      router_args: list[str] | None = None, tensor_parallel_size: int = 1):
     """router_args default to the model's tokenizer. At tensor_parallel_size N, the worker process starts N ranks."""
     layout = ServeLayout.on_free_ports(tensor_parallel_size=tensor_parallel_size)
-    metrics_ports = dict(zip(("router", "scheduler", "worker"), free_ports(3)))
+    router_metrics, scheduler_metrics = free_ports(2)
+    worker_metrics = free_ports(1, run=tensor_parallel_size)[0]  # rank r serves its metrics on this port + r
+    metrics_ports = {"router": router_metrics, "scheduler": scheduler_metrics, "worker": worker_metrics}
     collector = TraceCollector()
     env = traced_env(collector)
 

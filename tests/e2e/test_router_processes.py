@@ -36,7 +36,8 @@ def _finished_requests(metrics_port: int) -> float:
 
 
 def test_router_processes_share_the_port(default_model_dir):
-    port, metrics_port = free_ports(2)
+    port = free_ports(1)[0]
+    metrics_port = free_ports(1, run=4)[0]  # each service serves its metrics on this port + an offset of its own
     address = f"127.0.0.1:{port}"
     serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
                               "--port", str(port), "--router-processes", "2", "--metrics-port", str(metrics_port),
