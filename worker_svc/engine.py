@@ -8,7 +8,8 @@ from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.dummy_weights import dummy_checkpoint
-from worker_svc.models.fp8 import FP8, emulated_fp8_linear, fp8_gemm_for, quantize_linear_weights
+from worker_svc.models.fp8 import (FP8, emulated_fp8_linear, fp8_gemm_for, keep_stored_precision,
+                                   quantize_linear_weights)
 from worker_svc.models.kv_scales import with_kv_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
@@ -39,14 +40,14 @@ class WorkerEngine:
                  group: TensorParallelGroup | None = None,
                  draft: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None):
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
-        weights.to_worker_layout). Quantization fp8, the flag's or a pre-quantized checkpoint's, quantizes here the
-        rank's projections the state holds in a wider type, each row with its own scale (FP8 ones stay as they are).
+        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections of an unquantized checkpoint,
+        each row with its own scale; a pre-quantized checkpoint's projections stay as it stores them.
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
         self.config = config
         self.device = torch.device(config.device)
         self.kv_cache_dtype = config.kv_cache_torch_dtype
         torch.manual_seed(config.seed)
-        if "fp8" in (config.quantization, model_config.quantization):
+        if config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = dataclasses.replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)
         self.model_config = model_config
@@ -81,6 +82,7 @@ class WorkerEngine:
         with torch.device("meta"):
             model = DecoderLM(model_config, traits, self.ops) if self.group is None else \
                 TensorParallelDecoderLM(self.layout, traits, self.ops, self.group)
+            keep_stored_precision(model, state)
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)
         if model_config.tie_word_embeddings:

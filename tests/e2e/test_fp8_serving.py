@@ -31,8 +31,10 @@ def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, 
 
 
 def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_model_dir, tmp_path, hf_tokenizer):
-    """No --quantization: the worker reads the folder's quantization_config; the router tokenizes with its tokenizer."""
-    folder = write_fp8_checkpoint(default_model_dir, tmp_path / "fp8", "compressed-tensors", "tensor")
+    """No --quantization: the worker reads the folder's quantization_config (layer 0's down projection on its ignore
+    list, unquantized); the router tokenizes with its tokenizer."""
+    folder = write_fp8_checkpoint(default_model_dir, tmp_path / "fp8", "compressed-tensors", "tensor",
+                                  ignore=("model.layers.0.mlp.down_proj",))
     expected = run_greedy(WorkerEngine.load(WorkerConfig(model=str(folder))), [hf_tokenizer(PROMPT).input_ids],
                           MAX_TOKENS, chunk=1000)[0]
     with running_services(folder) as services:

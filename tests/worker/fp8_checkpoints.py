@@ -14,20 +14,21 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read (it quantizes per token)
 
 
-def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str) -> Path:
+def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = ()) -> Path:
     """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []) or "compressed-tensors"
     ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]);
-    strategy: "channel" (the rows and scales that `--quantization fp8` computes) or "tensor"."""
+    strategy: "channel" (the rows and scales that `--quantization fp8` computes) or "tensor"; ignore: the Hugging Face
+    names of projections kept as they are, listed in the config beside lm_head."""
     target.mkdir(parents=True)
     for path in source.iterdir():
         if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
             shutil.copy(path, target / path.name)
     hf_config = json.loads((source / "config.json").read_text())
-    hf_config["quantization_config"] = _quantization_config(method, strategy)
+    hf_config["quantization_config"] = _quantization_config(method, strategy, ["lm_head", *ignore])
     (target / "config.json").write_text(json.dumps(hf_config, indent=2))
     state = {}
     for name, tensor in load_file(source / "model.safetensors").items():
-        if not name.removesuffix(".weight").endswith(PROJECTIONS):
+        if not name.removesuffix(".weight").endswith(PROJECTIONS) or name.removesuffix(".weight") in ignore:
             state[name] = tensor
             continue
         weight, scale = quantize_rows(tensor) if strategy == "channel" else _quantize_tensor(tensor)
@@ -51,13 +52,13 @@ def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
     return (rows,) if method == "fp8" else (rows, 1)
 
 
-def _quantization_config(method: str, strategy: str) -> dict:
+def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
     if method == "fp8":
-        return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+        return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
     static = strategy == "tensor"
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "ignore": ["lm_head"], "kv_cache_scheme": None,
+        "ignore": ignore, "kv_cache_scheme": None,
         "config_groups": {"group_0": {
             "targets": ["Linear"],
             "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False},

@@ -80,14 +80,14 @@ def test_the_cpu_emulates_and_other_devices_without_fp8_fail_at_start():
 
 def test_only_decoder_projections_are_quantized():
     state = {"layers.0.self_attn.qkv_proj.weight": torch.randn(48, 16), "layers.0.self_attn.qkv_proj.bias":
-             torch.randn(48), "layers.0.mlp.down_proj.weight": torch.randn(16, 32).to(FP8),
-             "layers.0.mlp.down_proj.weight_scale": torch.ones(16), "layers.0.input_layernorm.weight": torch.ones(16),
-             "lm_head.weight": torch.randn(100, 16), "embed_tokens.weight": torch.randn(100, 16)}
+             torch.randn(48), "layers.0.mlp.down_proj.weight": torch.randn(16, 32),
+             "layers.0.input_layernorm.weight": torch.ones(16), "lm_head.weight": torch.randn(100, 16),
+             "embed_tokens.weight": torch.randn(100, 16)}
     quantized = quantize_linear_weights(state)
-    assert quantized["layers.0.self_attn.qkv_proj.weight"].dtype == FP8
-    assert quantized["layers.0.self_attn.qkv_proj.weight_scale"].shape == (48,)
-    assert quantized["layers.0.mlp.down_proj.weight"] is state["layers.0.mlp.down_proj.weight"]
+    for name, rows in (("layers.0.self_attn.qkv_proj", 48), ("layers.0.mlp.down_proj", 16)):
+        assert quantized[f"{name}.weight"].dtype == FP8
+        assert quantized[f"{name}.weight_scale"].shape == (rows,)
     untouched = ["layers.0.self_attn.qkv_proj.bias", "layers.0.input_layernorm.weight", "lm_head.weight",
-                 "embed_tokens.weight", "layers.0.mlp.down_proj.weight_scale"]
+                 "embed_tokens.weight"]
     assert all(quantized[name] is state[name] for name in untouched)
-    assert len(quantized) == len(state) + 1
+    assert len(quantized) == len(state) + 2

@@ -91,11 +91,20 @@ def fp8_gemm_for(device: torch.device, quantize: RowQuantizer = quantize_rows) -
 
 
 def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The worker-layout state with every decoder linear layer's weight in e4m3 plus its per-channel weight_scale;
-    weights already in FP8 (a pre-quantized checkpoint) are kept as they are."""
+    """The worker-layout state of an unquantized checkpoint with every decoder linear layer's weight in e4m3 plus its
+    per-channel weight_scale."""
     quantized = dict(state)
     for name, tensor in state.items():
-        if name.removesuffix(".weight").endswith(QUANTIZED_LINEARS) and name.endswith(".weight") \
-                and tensor.dtype != FP8:
+        if name.endswith(".weight") and name.removesuffix(".weight").endswith(QUANTIZED_LINEARS):
             quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
     return quantized
+
+
+def keep_stored_precision(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """In place, before the state is loaded: each Fp8Linear whose weight the state holds unquantized (a layer that a
+    pre-quantized checkpoint's ignore list kept in its float type) becomes an nn.Linear on the same device."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Fp8Linear) and state[f"{name}.weight"].dtype != FP8:
+            out_features, in_features = module.weight.shape
+            model.set_submodule(name, nn.Linear(in_features, out_features, module.bias is not None,
+                                                device=module.weight.device))

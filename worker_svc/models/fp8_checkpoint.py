@@ -3,7 +3,8 @@ config.json, and their tensors in the layout of fp8.Fp8Linear.
 
 Two layouts load: quant_method "fp8" and compressed-tensors' 8-bit float weights ("float-quantized" or
 "naive-quantized"). Both store each projection's weight in e4m3 with a weight_scale per tensor ([] or [1]) or per
-output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. Activations are
+output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. A projection
+stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision). Activations are
 quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: a static
 input_scale is not read. Any other method or scheme (block-wise FP8, integer weights, a KV-cache scheme) fails at start,
 named in the error.

@@ -64,6 +64,7 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}."
         for fused, parts in _FUSED.items():
+            _check_one_precision(state, prefix, parts)
             for kind in ("weight", "weight_scale", "bias"):
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in state:
@@ -71,3 +72,11 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     return state
+
+
+def _check_one_precision(state: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> None:
+    """The projections fused into one are all FP8 or all unquantized (an ignore list names all of them or none)."""
+    dtypes = {part: state[f"{prefix}{part}.weight"].dtype for part in parts}
+    if len(set(dtypes.values())) > 1:
+        stored = ", ".join(f"{prefix}{part} in {dtype}" for part, dtype in dtypes.items())
+        raise ValueError(f"the projections fused into one must share a precision; the checkpoint stores {stored}")
