@@ -1,12 +1,14 @@
 """FP8 against the unquantized model on the same weights: greedy agreement on ten prompts, the log-likelihood of a
-fixed text, the cosine similarity and KL divergence of its logits, and each decoder layer's output (the residual
-stream after it) over the text: its cosine similarity and relative error, printed as JSON. --what weights compares
---quantization fp8 with auto, --what kv-cache --kv-cache-dtype fp8 with auto.
+fixed text (`--text`, by default tests/worker/scored_passage.txt: 453 tokens of prose and code), the cosine similarity
+and KL divergence of its logits, and each decoder layer's output (the residual stream after it) over the text: its
+cosine similarity and relative error, printed as JSON. --what weights compares --quantization fp8 with auto, --what
+kv-cache --kv-cache-dtype fp8 with auto.
 Run from the repository root: PYTHONPATH=. python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
 [--tokens 40] [--dtype float32]; with --load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda)
 the prompts and the text are random token ids."""
 import argparse
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +17,7 @@ from transformers import AutoTokenizer
 from sluice.cli.model_store import default_model
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 from tests.worker.stepping import prompt_logits, run_greedy
-from tests.worker.test_fp8_accuracy import TEXT, _log_likelihood
+from tests.worker.test_fp8_accuracy import SCORED_PASSAGE, _log_likelihood
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 
@@ -28,13 +30,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--text", default=SCORED_PASSAGE)
     args = parser.parse_args()
     model = str(args.model or default_model())
     option = "quantization" if args.what == "weights" else "kv_cache_dtype"
     exact, fp8 = (WorkerEngine.load(WorkerConfig(model=model, dtype=args.dtype, device=args.device,
                                                  load_format=args.load_format, **{option: value}))
                   for value in ("auto", "fp8"))
-    prompts, ids = _token_ids(model, args.load_format, exact.model_config.vocab_size)
+    prompts, ids = _token_ids(model, args.load_format, exact.model_config.vocab_size, Path(args.text).read_text())
     greedy = [run_greedy(engine, prompts, args.tokens, chunk=1000) for engine in (exact, fp8)]
     logits, streams = zip(*(_logits_and_layer_streams(engine, ids) for engine in (exact, fp8)))
     cosine = F.cosine_similarity(*logits, dim=-1)
@@ -42,7 +45,7 @@ def main() -> None:
                   reduction="none").sum(-1)
     likelihoods = [_log_likelihood(l, ids) for l in logits]
     print(json.dumps({
-        "greedy_identical": sum(a == b for a, b in zip(*greedy)), "prompts": len(prompts), "tokens": args.tokens,
+        "text_tokens": len(ids), "greedy_identical": sum(a == b for a, b in zip(*greedy)), "prompts": len(prompts), "tokens": args.tokens,
         "first_difference": [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(*greedy)],
         "log_likelihood": likelihoods, "log_likelihood_relative_change": likelihoods[1] / likelihoods[0] - 1,
         "logit_cosine_mean": cosine.mean().item(), "logit_cosine_min": cosine.min().item(),
@@ -62,14 +65,14 @@ def _logits_and_layer_streams(engine: WorkerEngine, ids: list[int]) -> tuple[tor
     return logits, streams
 
 
-def _token_ids(model: str, load_format: str, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+def _token_ids(model: str, load_format: str, vocab_size: int, text: str) -> tuple[list[list[int]], list[int]]:
     """The ten prompts and the scored text: real ones through the model's tokenizer, random ids for dummy weights."""
     if load_format == "dummy":
         generator = torch.Generator().manual_seed(0)
         prompts = [torch.randint(vocab_size, (8 + 2 * i,), generator=generator).tolist() for i in range(10)]
         return prompts, torch.randint(vocab_size, (64,), generator=generator).tolist()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    return [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]], tokenizer(TEXT).input_ids
+    return [tokenizer(p).input_ids for p in [*PROMPTS, "def quicksort(xs):"]], tokenizer(text).input_ids
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
 """SmolLM2-135M's real weights in FP8 (the CPU's emulated GEMM) against the same model unquantized."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from worker_svc.engine import WorkerEngine
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is the capital of "
         "Germany. Water boils at one hundred degrees Celsius at sea level.")
+SCORED_PASSAGE = Path(__file__).parent / "scored_passage.txt"  # 453 tokens of prose and code
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +25,15 @@ def _log_likelihood(logits: torch.Tensor, ids: list[int]) -> float:
     return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
 
 
-def test_logits_stay_close(engines, hf_tokenizer):
-    ids = hf_tokenizer(TEXT).input_ids
+def test_logits_and_log_likelihood_stay_close(engines, hf_tokenizer):
+    """Measured: logit cosine mean 0.994, KL mean 0.027, log-likelihood 0.51% below the float model's."""
+    ids = hf_tokenizer(SCORED_PASSAGE.read_text()).input_ids
     exact, fp8 = (prompt_logits(engine, ids) for engine in engines)
     assert engines[1].model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
-    assert F.cosine_similarity(exact, fp8, dim=-1).mean() >= 0.98
+    assert F.cosine_similarity(exact, fp8, dim=-1).mean() >= 0.99
     kl = F.kl_div(torch.log_softmax(fp8, -1), torch.log_softmax(exact, -1), log_target=True, reduction="none")
-    assert kl.sum(-1).mean() < 0.2
-    assert abs(_log_likelihood(fp8, ids) / _log_likelihood(exact, ids) - 1) < 0.1
+    assert kl.sum(-1).mean() < 0.05
+    assert abs(_log_likelihood(fp8, ids) / _log_likelihood(exact, ids) - 1) < 0.01
 
 
 def test_greedy_starts_the_same(engines, hf_tokenizer):
