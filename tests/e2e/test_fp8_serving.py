@@ -5,7 +5,7 @@ import pytest
 from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.services import running_services
-from tests.worker.fp8_checkpoints import write_fp8_checkpoint
+from tests.worker.fp8_checkpoints import write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.stepping import run_greedy
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
@@ -32,12 +32,14 @@ def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, 
 
 def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_model_dir, tmp_path, hf_tokenizer):
     """No --quantization: the worker reads the folder's quantization_config (layer 0's down projection on its ignore
-    list, unquantized); the router tokenizes with its tokenizer."""
+    list, unquantized) and its calibrated KV-cache scales, stored with under --kv-cache-dtype fp8; the router tokenizes
+    with the folder's tokenizer."""
     folder = write_fp8_checkpoint(default_model_dir, tmp_path / "fp8", "compressed-tensors", "tensor",
                                   ignore=("model.layers.0.mlp.down_proj",))
-    expected = run_greedy(WorkerEngine.load(WorkerConfig(model=str(folder))), [hf_tokenizer(PROMPT).input_ids],
-                          MAX_TOKENS, chunk=1000)[0]
-    with running_services(folder) as services:
+    write_kv_cache_scales(folder, k_scale=0.25, v_scale=0.125)
+    engine = WorkerEngine.load(WorkerConfig(model=str(folder), kv_cache_dtype="fp8"))
+    expected = run_greedy(engine, [hf_tokenizer(PROMPT).input_ids], MAX_TOKENS, chunk=1000)[0]
+    with running_services(folder, worker_args=["--kv-cache-dtype", "fp8"]) as services:
         result = services.client.generate(pb.GenerateRequest(
             text=PROMPT, sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
     assert list(result.token_ids) == expected

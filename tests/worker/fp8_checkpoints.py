@@ -66,3 +66,23 @@ def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
                                   "symmetric": True, "dynamic": not static},
         }},
     }
+
+
+def write_kv_cache_scales(folder: Path, k_scale: float, v_scale: float) -> Path:
+    """Adds a calibrated FP8 KV cache to a folder: to one of write_fp8_checkpoint, its method's kv_cache_scheme and
+    names (fp8: AutoFP8's "static" with k_proj / v_proj.output_scale []; compressed-tensors: self_attn.k_scale /
+    v_scale [1]); to a float folder, a compressed-tensors config of KV-cache scales alone."""
+    hf_config = json.loads((folder / "config.json").read_text())
+    quantization = hf_config.setdefault("quantization_config", {"quant_method": "compressed-tensors", "format": "dense",
+                                                                  "config_groups": {}, "ignore": []})
+    auto_fp8 = quantization["quant_method"] == "fp8"
+    quantization["kv_cache_scheme"] = "static" if auto_fp8 else {
+        "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
+    names = ("k_proj.output_scale", "v_proj.output_scale") if auto_fp8 else ("k_scale", "v_scale")
+    state = load_file(folder / "model.safetensors")
+    for layer in range(hf_config["num_hidden_layers"]):
+        for name, scale in zip(names, (k_scale, v_scale)):
+            state[f"model.layers.{layer}.self_attn.{name}"] = torch.tensor(scale if auto_fp8 else [scale])
+    save_file(state, folder / "model.safetensors")
+    return folder

@@ -2,12 +2,13 @@
 model that `--quantization fp8` makes of the float weights, per tensor a close one; tensor-parallel ranks read their
 slices; a quantization the worker cannot run fails before any weight is read."""
 import json
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.worker.fp8_checkpoints import write_fp8_checkpoint
+from tests.worker.fp8_checkpoints import write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import prompt_logits
 from tests.worker.test_fp8_accuracy import TEXT
@@ -103,6 +104,29 @@ def test_a_fused_projection_stored_in_two_precisions_fails_naming_them(checkpoin
         WorkerEngine.load(WorkerConfig(model=str(folder)))
 
 
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors", None])
+def test_calibrated_kv_cache_scales_reach_the_layers(default_model_dir, tmp_path, prompt_ids, method):
+    """AutoFP8's and llm-compressor's calibrated KV caches, the latter also over float weights (method None): the
+    layers store with the checkpoint's scales under `--kv-cache-dtype fp8`, and the logits stay close to those of the
+    same weights over a cache in the model dtype (measured: mean KL 0.090 over FP8 weights, 0.014 over float ones;
+    with scales of 1.0, 0.080 and 0.015)."""
+    if method is None:
+        folder = shutil.copytree(default_model_dir, tmp_path / "float", ignore=shutil.ignore_patterns("*.gguf"))
+    else:
+        folder = write_fp8_checkpoint(default_model_dir, tmp_path / method, method, "channel")
+    write_kv_cache_scales(folder, k_scale=0.25, v_scale=0.125)
+    engine = WorkerEngine.load(WorkerConfig(model=str(folder), kv_cache_dtype="fp8"))
+    assert engine.kv_cache_dtype == FP8
+    assert engine.model_config.quantization == (method and "fp8")
+    assert all((layer.self_attn.k_scale.item(), layer.self_attn.v_scale.item()) == (0.25, 0.125)
+               for layer in engine.model.layers)
+    logits = prompt_logits(engine, prompt_ids)
+    expected = prompt_logits(WorkerEngine.load(WorkerConfig(model=str(folder))), prompt_ids)
+    kl = F.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(expected, -1), log_target=True,
+                  reduction="none").sum(-1)
+    assert 0 < kl.mean() < 0.15
+
+
 def _rows_of(layout: ShardLayout, fused: str) -> torch.Tensor:
     """The whole model's rows of a fused column-parallel projection that the rank's shard holds, in its order."""
     config = layout.config
@@ -167,6 +191,9 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
      r"block-wise fp8 \(weight_block_size \[128, 128\]\)"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
     ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quant_method 'awq'"),
+    ({"quant_method": "compressed-tensors", "config_groups": {}, "kv_cache_scheme": {
+        "num_bits": 8, "type": "float", "strategy": "attn_head", "symmetric": True, "dynamic": False}},
+     r"compressed-tensors with kv_cache_scheme \{'num_bits': 8, 'type': 'float', 'strategy': 'attn_head', .*\}"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
         "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}},
      r"compressed-tensors format 'pack-quantized' \(group group_0\)"),

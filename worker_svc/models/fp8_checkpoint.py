@@ -6,32 +6,38 @@ Two layouts load: quant_method "fp8" and compressed-tensors' 8-bit float weights
 output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. A projection
 stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision). Activations are
 quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: a static
-input_scale is not read. Any other method or scheme (block-wise FP8, integer weights, a KV-cache scheme) fails at start,
-named in the error.
+input_scale is not read. A calibrated KV cache, AutoFP8's kv_cache_scheme "static" or compressed-tensors' 8-bit floats
+with one scale per tensor (llm-compressor's, with or without quantized weights), gives the layers' k_scale / v_scale,
+which an FP8 KV cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (block-wise FP8,
+integer weights, a KV cache per head) fails at start, named in the error.
 """
 from typing import NoReturn
 
 import torch
 
 _SUPPORTED = ("quant_method 'fp8' or 'compressed-tensors' with 8-bit float weights, one scale per tensor or per output "
-              "channel")
+              "channel; a kv_cache_scheme of AutoFP8's 'static' or compressed-tensors' 8-bit floats, one scale per "
+              "tensor")
 _COMPRESSED_FORMATS = ("float-quantized", "naive-quantized")
 
 
 def checkpoint_quantization(hf_config: dict) -> str | None:
-    """"fp8" for a supported FP8 checkpoint, None for an unquantized one; a ValueError for anything else."""
+    """"fp8" for a supported checkpoint of FP8 weights, None for unquantized weights (KV-cache scales alone included);
+    a ValueError for anything else."""
     quantization = hf_config.get("quantization_config")
     if quantization is None:
         return None
     method = quantization.get("quant_method")
-    if method == "fp8":
-        _check_fp8(quantization)
-    elif method == "compressed-tensors":
-        _check_compressed_tensors(quantization)
-    else:
+    if method not in ("fp8", "compressed-tensors"):
         _refuse(f"quant_method {method!r}")
     if quantization.get("kv_cache_scheme"):
-        _refuse(f"{method} with kv_cache_scheme {quantization['kv_cache_scheme']!r}")
+        _check_kv_cache_scheme(method, quantization["kv_cache_scheme"])
+        if method == "compressed-tensors" and not quantization.get("config_groups"):
+            return None  # KV-cache scales alone
+    if method == "fp8":
+        _check_fp8(quantization)
+    else:
+        _check_compressed_tensors(quantization)
     return "fp8"
 
 
@@ -71,6 +77,17 @@ def _check_compressed_tensors(quantization: dict) -> None:
         activations = group.get("input_activations")
         if activations and (activations.get("num_bits"), activations.get("type")) != (8, "float"):
             _refuse(f"compressed-tensors input_activations {_scheme(activations)} (group {name})")
+
+
+def _check_kv_cache_scheme(method: str, scheme: dict | str) -> None:
+    """AutoFP8's "static" (k_proj / v_proj output_scale) or compressed-tensors' static 8-bit floats per tensor."""
+    if method == "fp8" and scheme == "static":
+        return
+    if method == "compressed-tensors" and isinstance(scheme, dict) and scheme.get("symmetric", True) and \
+            not scheme.get("dynamic") and (scheme.get("num_bits"), scheme.get("type"), scheme.get("strategy")) == \
+            (8, "float", "tensor"):
+        return
+    _refuse(f"{method} with kv_cache_scheme {scheme!r}")
 
 
 def _scheme(args: dict) -> str:
