@@ -52,7 +52,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                                                   dtype=info.dtype, num_kv_blocks=config.num_blocks,
                                                   block_size=config.block_size,
                                                   eos_token_ids=sorted(info.eos_token_ids),
-                                                  kv_cache_dtype=info.kv_cache_dtype)
+                                                  kv_cache_dtype=info.kv_cache_dtype, quantization=info.quantization)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
             await service.set_ready(True)

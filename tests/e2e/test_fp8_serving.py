@@ -24,6 +24,7 @@ def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, 
                              chunk=1000)[0]
     assert expected != unquantized  # this prompt tells the two models apart
     with running_services(default_model_dir, worker_args=["--quantization", "fp8"]) as services:
+        assert services.client.model_info().quantization == "fp8"
         result = services.client.generate(pb.GenerateRequest(
             tokens=pb.TokenIds(ids=prompt_ids),
             sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
@@ -40,6 +41,8 @@ def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_m
     engine = WorkerEngine.load(WorkerConfig(model=str(folder), kv_cache_dtype="fp8"))
     expected = run_greedy(engine, [hf_tokenizer(PROMPT).input_ids], MAX_TOKENS, chunk=1000)[0]
     with running_services(folder, worker_args=["--kv-cache-dtype", "fp8"]) as services:
+        info = services.client.model_info()
+        assert (info.quantization, info.kv_cache_dtype) == ("fp8", "float8_e4m3fn")
         result = services.client.generate(pb.GenerateRequest(
             text=PROMPT, sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
     assert list(result.token_ids) == expected
