@@ -81,13 +81,11 @@ def _check_compressed_tensors(quantization: dict) -> None:
 
 def _check_kv_cache_scheme(method: str, scheme: dict | str) -> None:
     """AutoFP8's "static" (k_proj / v_proj output_scale) or compressed-tensors' static 8-bit floats per tensor."""
-    if method == "fp8" and scheme == "static":
-        return
-    if method == "compressed-tensors" and isinstance(scheme, dict) and scheme.get("symmetric", True) and \
-            not scheme.get("dynamic") and (scheme.get("num_bits"), scheme.get("type"), scheme.get("strategy")) == \
-            (8, "float", "tensor"):
-        return
-    _refuse(f"{method} with kv_cache_scheme {scheme!r}")
+    static_floats_per_tensor = isinstance(scheme, dict) and scheme.get("symmetric", True) and \
+        not scheme.get("dynamic") and (scheme.get("num_bits"), scheme.get("type"), scheme.get("strategy")) == \
+        (8, "float", "tensor")
+    if (method, scheme) != ("fp8", "static") and not (method == "compressed-tensors" and static_floats_per_tensor):
+        _refuse(f"{method} with kv_cache_scheme {scheme!r}")
 
 
 def _scheme(args: dict) -> str:
