@@ -13,6 +13,7 @@ class WorkerConfig:
     dtype: str = "float32"
     quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (fp8.py)
     kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8" / "fp8_e4m3": e4m3 with per-layer scales
+    calculate_kv_scales: bool = False  # an FP8 KV cache's scales from the first step (runner/kv_scale_calibration.py)
     device: str = "cpu"
     kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
     gpu_memory_utilization: float = 0.9
@@ -40,6 +41,8 @@ class WorkerConfig:
             raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
+        if self.calculate_kv_scales and self.kv_cache_dtype == "auto":
+            raise ValueError("calculate_kv_scales needs an FP8 KV cache (kv_cache_dtype 'fp8')")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

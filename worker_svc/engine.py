@@ -113,6 +113,7 @@ class WorkerEngine:
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
         graphed = partial(self._forward_pass, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size))
+        forward = graphed(self.model, kv_caches, cos_sin_cache, calculate_kv_scales=self.config.calculate_kv_scales)
         drafter = None
         if self.draft_model is not None:
             draft_caches = allocate_kv_cache(self.draft_config, num_blocks, block_size, self.config.torch_dtype,
@@ -120,12 +121,11 @@ class WorkerEngine:
             drafter = DraftProposer(graphed(self.draft_model, draft_caches,
                                             _cos_sin_cache(self.draft_config, max_model_len, self.device)),
                                     block_size, self.device)
-        self.runner = ModelRunner(graphed(self.model, kv_caches, cos_sin_cache), block_size, self.device,
-                                  self._sampler(), drafter)
+        self.runner = ModelRunner(forward, block_size, self.device, self._sampler(), drafter)
         return num_blocks
 
     def _forward_pass(self, model: DecoderLM, kv_caches, cos_sin_cache: torch.Tensor, max_num_batched_tokens: int,
-                      max_num_seqs: int, max_blocks_per_seq: int) -> ForwardPass:
+                      max_num_seqs: int, max_blocks_per_seq: int, calculate_kv_scales: bool = False) -> ForwardPass:
         """The model's pass with its CUDA graphs captured (unless eager; uncaptured off CUDA, decode steps still keep
         their inputs on the device)."""
         decode_graphs = piecewise_graphs = None
@@ -134,7 +134,7 @@ class WorkerEngine:
         if not self.config.enforce_eager:
             decode_graphs = DecodeGraphs(model, kv_caches, cos_sin_cache, max_num_seqs, max_blocks_per_seq,
                                          self.device, capture=self.uses_graphs)
-        return ForwardPass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs)
+        return ForwardPass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs, calculate_kv_scales)
 
     @property
     def uses_graphs(self) -> bool:

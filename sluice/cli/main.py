@@ -123,7 +123,7 @@ def _worker(args) -> None:
     rank = args.rank or 0
     config = WorkerConfig(model=str(args.model or default_model()), load_format=args.load_format, dtype=args.dtype,
                           quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                          device=rank_device(args.device, rank),
+                          calculate_kv_scales=args.calculate_kv_scales, device=rank_device(args.device, rank),
                           kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
                           gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                           kernels=args.kernels, tensor_parallel_size=args.tensor_parallel_size, rank=rank,

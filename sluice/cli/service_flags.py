@@ -18,6 +18,9 @@ def add_worker_options(parser) -> None:
                         help="fp8 (fp8_e4m3): the KV cache in e4m3 with per-layer k/v scales from the checkpoint "
                              "(1.0 where it has none), about twice the blocks of bf16 (a GPU needs compute "
                              "capability 8.9+); auto: the model dtype")
+    parser.add_argument("--calculate-kv-scales", action="store_true",
+                        help="with --kv-cache-dtype fp8: each layer's k/v scales from the keys and values of the "
+                             "first step, for checkpoints without calibrated ones")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache budget on the CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -79,7 +82,8 @@ def add_router_limit_options(parser) -> None:
 
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
-            "--quantization", args.quantization, "--kv-cache-dtype", args.kv_cache_dtype, "--device", args.device,
+            "--quantization", args.quantization, "--kv-cache-dtype", args.kv_cache_dtype,
+            *(["--calculate-kv-scales"] * args.calculate_kv_scales), "--device", args.device,
             "--kv-cache-gib", str(args.kv_cache_gib),
             "--gpu-memory-utilization", str(args.gpu_memory_utilization), *(["--enforce-eager"] * args.enforce_eager),
             "--kernels", args.kernels, "--tensor-parallel-size", str(args.tensor_parallel_size),

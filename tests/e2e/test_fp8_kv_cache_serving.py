@@ -1,6 +1,7 @@
 """`sluice worker --kv-cache-dtype fp8` through the real services, prefix caching on: the model info names the FP8
 cache, and a story, then its continuation (which reads the story's first block from the prefix cache), come out
-token for token as the same engine generates them in process."""
+token for token as the same engine generates them in process; with --calculate-kv-scales, with the scales the
+story's prefill sets."""
 import pytest
 
 from sluice.cli.offline import OfflineEngine
@@ -18,18 +19,20 @@ CONTINUED = STORY + " walked down to the harbour. One day, he found"
 MAX_TOKENS = 12
 
 
-def _in_process(model_dir, kv_cache_dtype: str, prompts: list[list[int]]) -> list[list[int]]:
-    engine = OfflineEngine(WorkerEngine.load(WorkerConfig(model=str(model_dir), kv_cache_dtype=kv_cache_dtype)),
-                           enable_prefix_caching=True)
+def _in_process(model_dir, prompts: list[list[int]], **config) -> list[list[int]]:
+    engine = OfflineEngine(WorkerEngine.load(WorkerConfig(model=str(model_dir), **config)), enable_prefix_caching=True)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     return [engine.generate([prompt], [params])[0].token_ids for prompt in prompts]
 
 
-def test_served_fp8_cache_generates_what_the_fp8_engine_does(default_model_dir, hf_tokenizer):
+@pytest.mark.parametrize("calculate_kv_scales", [False, True])
+def test_served_fp8_cache_generates_what_the_fp8_engine_does(default_model_dir, hf_tokenizer, calculate_kv_scales):
     prompts = [hf_tokenizer(text).input_ids for text in (STORY, CONTINUED)]
-    expected = _in_process(default_model_dir, "fp8", prompts)
-    assert expected[1] != _in_process(default_model_dir, "auto", prompts)[1]  # the continuation tells the caches apart
-    with running_services(default_model_dir, worker_args=["--kv-cache-dtype", "fp8"]) as services:
+    expected = _in_process(default_model_dir, prompts, kv_cache_dtype="fp8", calculate_kv_scales=calculate_kv_scales)
+    other = _in_process(default_model_dir, prompts, kv_cache_dtype="fp8" if calculate_kv_scales else "auto")
+    assert expected[1] != other[1]  # the continuation tells the caches (or their scales) apart
+    worker_args = ["--kv-cache-dtype", "fp8", *(["--calculate-kv-scales"] * calculate_kv_scales)]
+    with running_services(default_model_dir, worker_args=worker_args) as services:
         info = services.client.model_info()
         results = [services.client.generate(pb.GenerateRequest(
             tokens=pb.TokenIds(ids=prompt),

@@ -44,16 +44,22 @@ class TorchOps:
     def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
                     slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
         # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]
-        num_kv_heads = key_cache.shape[2]
-        q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
-        if q_norm_weight is not None:
-            q, k = self.rms_norm(q, q_norm_weight, eps), self.rms_norm(k, k_norm_weight, eps)
-        cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
-        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k, v = self.rotated_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
+                                   key_cache.shape[2])
         _store(key_cache, slot_mapping, k, k_scale)
         _store(value_cache, slot_mapping, v, v_scale)
         return q
+
+    @classmethod
+    def rotated_qkv(cls, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
+                    num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v heads as attention takes them: q and k normed (with per-head norms) and rotated."""
+        q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
+        if q_norm_weight is not None:
+            q, k = cls.rms_norm(q, q_norm_weight, eps), cls.rms_norm(k, k_norm_weight, eps)
+        cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

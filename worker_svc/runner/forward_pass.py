@@ -1,21 +1,24 @@
 """A model's forward pass over a step's inputs, through its CUDA graphs where the step fits them: a step of one token
 per sequence replays decode_graphs, another one of at most the largest bucket's tokens replays piecewise_graphs
-around eager attention, and any other runs eagerly. The target model and a draft model each have one."""
+around eager attention, and any other runs eagerly. The target model and a draft model each have one. With
+calculate_kv_scales, the first step runs eagerly and sets the FP8 KV cache's scales (kv_scale_calibration.py)."""
 import torch
 
 from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.runner.decode_graphs import DecodeGraphs
+from worker_svc.runner.kv_scale_calibration import with_calculated_kv_scales
 from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
 
 
 class ForwardPass:
     def __init__(self, model, kv_caches, cos_sin_cache: torch.Tensor, decode_graphs: DecodeGraphs | None,
-                 piecewise_graphs: PiecewiseGraphs | None):
+                 piecewise_graphs: PiecewiseGraphs | None, calculate_kv_scales: bool = False):
         self.model = model
         self.kv_caches = kv_caches
         self.cos_sin_cache = cos_sin_cache
         self.decode_graphs = decode_graphs
         self.piecewise_graphs = piecewise_graphs
+        self.kv_scales_pending = calculate_kv_scales  # the first step prefills: it never replays decode_graphs
 
     def fits_decode_graph(self, meta: AttentionMetadata) -> bool:
         return self.decode_graphs is not None and meta.is_pure_decode and self.decode_graphs.fits(meta.num_seqs)
@@ -32,9 +35,15 @@ class ForwardPass:
     def hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata,
                       indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output and residual at the tokens `indices` names (None: at every token)."""
-        graphs = self.piecewise_graphs
-        if graphs is None or not graphs.fits(token_inputs.shape[1]):
+        def eager() -> tuple[torch.Tensor, torch.Tensor]:
             return self.model.hidden_states(token_inputs[0], token_inputs[1], self.cos_sin_cache, self.kv_caches,
                                             meta, indices)
+
+        if self.kv_scales_pending:
+            self.kv_scales_pending = False
+            return with_calculated_kv_scales(self.model, eager)
+        graphs = self.piecewise_graphs
+        if graphs is None or not graphs.fits(token_inputs.shape[1]):
+            return eager()
         x, residual = graphs.run(token_inputs, meta)
         return (x, residual) if indices is None else (x[indices], residual[indices])

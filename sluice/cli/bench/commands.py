@@ -136,7 +136,8 @@ def _offline_engine(args, enable_prefix_caching: bool):
 
     worker = WorkerEngine.load(WorkerConfig(
         model=str(args.model), load_format=args.load_format, dtype=args.dtype, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, device=args.device, kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales, device=args.device,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, kernels=args.kernels,
         draft_model=args.draft_model, draft_load_format=args.draft_load_format))
     return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
