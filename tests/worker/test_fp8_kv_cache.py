@@ -10,6 +10,7 @@ from tests.worker.test_model_families import _TINY, FAMILIES
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 from worker_svc.models.dummy_weights import random_state_dict
+from worker_svc.models.kv_scales import with_kv_scales
 
 FP8 = torch.float8_e4m3fn
 PROMPT = list(range(3, 40))
@@ -99,3 +100,13 @@ def test_gpu_profile_sizes_twice_the_blocks_and_graphs_replay_fp8():
         torch.cuda.empty_cache()
     assert 1.9 < num_blocks["fp8"] / num_blocks["auto"] < 2.1
     assert tokens["fp8", False] == tokens["fp8", True]  # decode graphs captured over the FP8 cache replay it
+
+
+def test_one_kv_scale_serves_keys_and_values():
+    """AutoFP8's first layout: self_attn.kv_scale, for both; a layer without scales gets 1.0."""
+    state = {"layers.0.self_attn.kv_scale": torch.tensor([0.5]), "layers.0.mlp.down_proj.weight": torch.ones(2, 2)}
+    scaled = with_kv_scales(state, num_layers=2)
+    assert {name: tensor.item() for name, tensor in scaled.items() if name.endswith("_scale")} == {
+        "layers.0.self_attn.k_scale": 0.5, "layers.0.self_attn.v_scale": 0.5,
+        "layers.1.self_attn.k_scale": 1.0, "layers.1.self_attn.v_scale": 1.0}
+    assert scaled["layers.0.mlp.down_proj.weight"] is state["layers.0.mlp.down_proj.weight"]
