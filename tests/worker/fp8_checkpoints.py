@@ -15,10 +15,11 @@ STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read 
 
 
 def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = ()) -> Path:
-    """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []) or "compressed-tensors"
-    ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]);
-    strategy: "channel" (the rows and scales that `--quantization fp8` computes) or "tensor"; ignore: the Hugging Face
-    names of projections kept as they are, listed in the config beside lm_head."""
+    """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []), "compressed-tensors"
+    ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]) or
+    "fbgemm_fp8" ([out, 1], per channel only); strategy: "channel" (the rows and scales that `--quantization fp8`
+    computes) or "tensor"; ignore: the Hugging Face names of projections kept as they are, listed in the config beside
+    lm_head."""
     target.mkdir(parents=True)
     for path in source.iterdir():
         if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
@@ -55,6 +56,8 @@ def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
 def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
+    if method == "fbgemm_fp8":
+        return {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ignore}
     static = strategy == "tensor"
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",

@@ -43,7 +43,7 @@ def quantized_at_load(default_model_dir, prompt_ids):
 
 
 @pytest.mark.parametrize("method, quantization", [("fp8", "auto"), ("compressed-tensors", "auto"),
-                                                  ("compressed-tensors", "fp8")])
+                                                  ("compressed-tensors", "fp8"), ("fbgemm_fp8", "auto")])
 def test_per_channel_checkpoints_are_the_model_quantized_at_load(checkpoint, prompt_ids, quantized_at_load, method,
                                                                  quantization):
     engine = WorkerEngine.load(WorkerConfig(model=str(checkpoint(method, "channel")), quantization=quantization))
@@ -70,7 +70,8 @@ LAYER_0_IGNORED = tuple(f"model.layers.0.{name}" for name in
                         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj"))
 
 
-@pytest.mark.parametrize("method, quantization", [("fp8", "auto"), ("compressed-tensors", "fp8")])
+@pytest.mark.parametrize("method, quantization", [("fp8", "auto"), ("compressed-tensors", "fp8"),
+                                                  ("fbgemm_fp8", "auto")])
 def test_ignored_projections_keep_their_float_weights(default_model_dir, checkpoint, prompt_ids, quantized_at_load,
                                                       method, quantization):
     """Layer 0's qkv and down projections, on the checkpoint's ignore list, run unquantized (also under

@@ -1,23 +1,24 @@
 """Pre-quantized FP8 checkpoints, loaded as they are published: the `quantization_config` of a Hugging Face
 config.json, and their tensors in the layout of fp8.Fp8Linear.
 
-Two layouts load: quant_method "fp8" and compressed-tensors' 8-bit float weights ("float-quantized" or
-"naive-quantized"). Both store each projection's weight in e4m3 with a weight_scale per tensor ([] or [1]) or per
-output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. A projection
-stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision). Activations are
-quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: a static
-input_scale is not read. A calibrated KV cache, AutoFP8's kv_cache_scheme "static" or compressed-tensors' 8-bit floats
-with one scale per tensor (llm-compressor's, with or without quantized weights), gives the layers' k_scale / v_scale,
-which an FP8 KV cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (block-wise FP8,
-integer weights, a KV cache per head) fails at start, named in the error.
+Three layouts load: quant_method "fp8", compressed-tensors' 8-bit float weights ("float-quantized" or
+"naive-quantized") and "fbgemm_fp8". They store each projection's weight in e4m3 with a weight_scale per tensor ([] or
+[1]) or per output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. A
+projection stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision).
+Activations are quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation
+scheme: neither a static input_scale nor fbgemm_fp8's activation_scale_ub (a bound on the activation scales) is read.
+A calibrated KV cache, AutoFP8's kv_cache_scheme "static" or compressed-tensors' 8-bit floats with one scale per
+tensor (llm-compressor's, with or without quantized weights), gives the layers' k_scale / v_scale, which an FP8 KV
+cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (block-wise FP8, integer
+weights, a KV cache per head) fails at start, named in the error.
 """
 from typing import NoReturn
 
 import torch
 
-_SUPPORTED = ("quant_method 'fp8' or 'compressed-tensors' with 8-bit float weights, one scale per tensor or per output "
-              "channel; a kv_cache_scheme of AutoFP8's 'static' or compressed-tensors' 8-bit floats, one scale per "
-              "tensor")
+_SUPPORTED = ("quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights, one scale per "
+              "tensor or per output channel; a kv_cache_scheme of AutoFP8's 'static' or compressed-tensors' 8-bit "
+              "floats, one scale per tensor")
 _COMPRESSED_FORMATS = ("float-quantized", "naive-quantized")
 
 
@@ -28,7 +29,7 @@ def checkpoint_quantization(hf_config: dict) -> str | None:
     if quantization is None:
         return None
     method = quantization.get("quant_method")
-    if method not in ("fp8", "compressed-tensors"):
+    if method not in ("fp8", "compressed-tensors", "fbgemm_fp8"):
         _refuse(f"quant_method {method!r}")
     if quantization.get("kv_cache_scheme"):
         _check_kv_cache_scheme(method, quantization["kv_cache_scheme"])
@@ -36,7 +37,7 @@ def checkpoint_quantization(hf_config: dict) -> str | None:
             return None  # KV-cache scales alone
     if method == "fp8":
         _check_fp8(quantization)
-    else:
+    elif method == "compressed-tensors":
         _check_compressed_tensors(quantization)
     return "fp8"
 
