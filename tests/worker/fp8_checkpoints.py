@@ -6,20 +6,23 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from worker_svc.models.fp8 import quantize_rows
+from worker_svc.models.fp8 import FP8_MAX, quantize_rows, to_fp8
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read (it quantizes per token)
+BLOCK = (128, 128)  # the weight blocks of strategy "block", as Qwen's and DeepSeek's FP8 releases have them
 
 
 def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = ()) -> Path:
     """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []), "compressed-tensors"
     ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]) or
     "fbgemm_fp8" ([out, 1], per channel only); strategy: "channel" (the rows and scales that `--quantization fp8`
-    computes) or "tensor"; ignore: the Hugging Face names of projections kept as they are, listed in the config beside
-    lm_head."""
+    computes), "tensor" or "block" (one scale per BLOCK, activations dynamic: fp8's weight_scale_inv,
+    compressed-tensors' weight_scale); ignore: the Hugging Face names of projections kept as they are, listed in the
+    config beside lm_head."""
     target.mkdir(parents=True)
     for path in source.iterdir():
         if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
@@ -31,6 +34,9 @@ def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str,
     for name, tensor in load_file(source / "model.safetensors").items():
         if not name.removesuffix(".weight").endswith(PROJECTIONS) or name.removesuffix(".weight") in ignore:
             state[name] = tensor
+            continue
+        if strategy == "block":
+            state[name], state[name + ("_scale_inv" if method == "fp8" else "_scale")] = _quantize_blocks(tensor)
             continue
         weight, scale = quantize_rows(tensor) if strategy == "channel" else _quantize_tensor(tensor)
         state[name], state[name + "_scale"] = weight, scale.reshape(_scale_shape(method, strategy, len(weight)))
@@ -47,6 +53,17 @@ def _quantize_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weight_q.reshape(weight.shape), scale
 
 
+def _quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, scale [ceil(rows / 128), ceil(columns / 128)]): each block's absolute maximum maps to the e4m3
+    maximum; the blocks at the edges are cut."""
+    rows, columns = weight.shape
+    padded = F.pad(weight.float(), (0, -columns % BLOCK[1], 0, -rows % BLOCK[0]))
+    blocks = padded.unflatten(1, (-1, BLOCK[1])).unflatten(0, (-1, BLOCK[0]))  # [row blocks, 128, column blocks, 128]
+    scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(1e-12)
+    quantized = to_fp8(blocks, scale[:, None, :, None]).flatten(2).flatten(0, 1)[:rows, :columns]
+    return quantized.contiguous(), scale
+
+
 def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
     if strategy == "tensor":
         return () if method == "fp8" else (1,)
@@ -54,19 +71,26 @@ def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
 
 
 def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
+    if method == "fp8" and strategy == "block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK),
+                "ignored_layers": ignore}
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
     if method == "fbgemm_fp8":
         return {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ignore}
     static = strategy == "tensor"
+    weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False}
+    activations = {"num_bits": 8, "type": "float", "strategy": "tensor" if static else "token", "symmetric": True,
+                   "dynamic": not static}
+    if strategy == "block":
+        weights["block_structure"] = list(BLOCK)
+        activations |= {"strategy": "group", "group_size": BLOCK[1]}
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
         "ignore": ignore, "kv_cache_scheme": None,
         "config_groups": {"group_0": {
             "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor" if static else "token",
-                                  "symmetric": True, "dynamic": not static},
+            "weights": weights, "input_activations": activations,
         }},
     }
 

@@ -8,13 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.worker.fp8_checkpoints import write_fp8_checkpoint, write_kv_cache_scales
+from safetensors.torch import load_file
+
+from tests.worker.fp8_checkpoints import BLOCK, write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import prompt_logits
 from tests.worker.test_fp8_accuracy import TEXT
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
-from worker_svc.models.fp8 import FP8
+from worker_svc.models.fp8 import FP8, quantize_rows
 from worker_svc.models.shard_layout import ShardLayout
 from worker_svc.models.weights import load_checkpoint
 
@@ -64,6 +66,35 @@ def test_per_tensor_checkpoints_stay_close(checkpoint, prompt_ids, quantized_at_
                   reduction="none").sum(-1)
     assert 0 < kl.mean() < 0.25
     assert (logits.argmax(-1) == quantized_at_load.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors"])
+def test_block_wise_checkpoints_run_quantized_again_per_channel(checkpoint, prompt_ids, quantized_at_load, method):
+    """Qwen's and DeepSeek's layout (128 x 128 blocks; SmolLM2's 576 and 1,536 leave cut blocks at the edges): each
+    weight dequantized with its blocks' scales, then quantized per output channel; the logits stay about as close to
+    the float weights quantized per channel as a per-tensor checkpoint's (measured: mean KL 0.159; per tensor 0.155)."""
+    folder = checkpoint(method, "block")
+    stored = load_file(folder / "model.safetensors")
+    scale_suffix = "_scale_inv" if method == "fp8" else "_scale"
+    dequantized = torch.cat([_dequantized_blocks(stored[f"model.layers.0.self_attn.{part}.weight"],
+                                                 stored[f"model.layers.0.self_attn.{part}.weight{scale_suffix}"])
+                             for part in ("q_proj", "k_proj", "v_proj")])
+    engine = WorkerEngine.load(WorkerConfig(model=str(folder)))
+    qkv = engine.model.layers[0].self_attn.qkv_proj
+    expected_weight, expected_scale = quantize_rows(dequantized)
+    assert torch.equal(qkv.weight.view(torch.uint8), expected_weight.view(torch.uint8))
+    assert torch.equal(qkv.weight_scale, expected_scale)
+    kl = F.kl_div(torch.log_softmax(prompt_logits(engine, prompt_ids), -1), torch.log_softmax(quantized_at_load, -1),
+                  log_target=True, reduction="none").sum(-1)
+    assert 0 < kl.mean() < 0.25
+
+
+def _dequantized_blocks(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """weight's e4m3 values times the scale of the BLOCK each lies in."""
+    rows, columns = weight.shape
+    row_block = torch.arange(rows) // BLOCK[0]
+    column_block = torch.arange(columns) // BLOCK[1]
+    return weight.float() * scale[row_block[:, None], column_block[None, :]]
 
 
 LAYER_0_IGNORED = tuple(f"model.layers.0.{name}" for name in
@@ -158,10 +189,10 @@ def _assert_shard_of_whole(layout: ShardLayout, shard: dict[str, torch.Tensor], 
             assert torch.equal(shard[f"{name}.weight_scale"], whole[f"{name}.weight_scale"])
 
 
-@pytest.mark.parametrize("method, strategy", [("fp8", "channel"), ("compressed-tensors", "tensor")])
+@pytest.mark.parametrize("method, strategy", [("fp8", "channel"), ("compressed-tensors", "tensor"), ("fp8", "block")])
 def test_each_rank_reads_the_whole_models_slices(checkpoint, method, strategy):
     """tp 3: per-channel scales ([out]) are sliced with the rows, per-tensor ones ([1]) are read whole by every
-    rank."""
+    rank, and block-wise weights are quantized again per channel whole, then sliced."""
     folder = checkpoint(method, strategy)
     config, whole = load_checkpoint(folder)
     for rank in range(3):
@@ -188,8 +219,8 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
 
 
 @pytest.mark.parametrize("quantization_config, named", [
-    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-     r"block-wise fp8 \(weight_block_size \[128, 128\]\)"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128]},
+     r"fp8 weight_block_size \[128\]"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
     ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quant_method 'awq'"),
     ({"quant_method": "compressed-tensors", "config_groups": {}, "kv_cache_scheme": {
@@ -199,8 +230,11 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
         "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}},
      r"compressed-tensors format 'pack-quantized' \(group group_0\)"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}},
-     r"compressed-tensors weights num_bits 8, type 'float', strategy 'block' \(group group_0\)"),
+        "weights": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}}}},
+     r"compressed-tensors weights num_bits 8, type 'float', strategy 'group' \(group group_0\)"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "block"}}}},
+     r"compressed-tensors block_structure \(group group_0\) None"),
 ])
 def test_unsupported_quantization_fails_naming_it(default_model_dir, tmp_path, quantization_config, named):
     """The folder has no weights: the error comes from config.json, before any is read, and `--quantization fp8`

@@ -4,6 +4,9 @@ config.json, and their tensors in the layout of fp8.Fp8Linear.
 Three layouts load: quant_method "fp8", compressed-tensors' 8-bit float weights ("float-quantized" or
 "naive-quantized") and "fbgemm_fp8". They store each projection's weight in e4m3 with a weight_scale per tensor ([] or
 [1]) or per output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is exact. A
+block-wise weight (fp8's weight_block_size with weight_scale_inv, compressed-tensors' strategy "block" with
+weight_scale; one scale per block of, say, 128 x 128) is dequantized at load and quantized again per output channel, as
+`--quantization fp8` quantizes a float weight (per_channel_from_blocks), so the same FP8 GEMMs run it. A
 projection stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision).
 Activations are quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation
 scheme: neither a static input_scale nor fbgemm_fp8's activation_scale_ub (a bound on the activation scales) is read.
@@ -15,6 +18,8 @@ weights, a KV cache per head) fails at start, named in the error.
 from typing import NoReturn
 
 import torch
+
+from worker_svc.models.fp8 import quantize_rows
 
 _SUPPORTED = ("quant_method 'fp8', 'fbgemm_fp8' or 'compressed-tensors' with 8-bit float weights, one scale per "
               "tensor or per output channel; a kv_cache_scheme of AutoFP8's 'static' or compressed-tensors' 8-bit "
@@ -56,9 +61,31 @@ def per_channel_scales(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return converted
 
 
+def weight_block_size(hf_config: dict) -> tuple[int, int] | None:
+    """(rows, columns) of a block-wise checkpoint's weight blocks, which checkpoint_quantization has checked; None for
+    any other checkpoint."""
+    quantization = hf_config.get("quantization_config") or {}
+    if quantization.get("quant_method") == "fp8":
+        block = quantization.get("weight_block_size")
+    else:
+        groups = (quantization.get("config_groups") or {}).values()
+        block = next((group["weights"]["block_structure"] for group in groups
+                      if (group.get("weights") or {}).get("strategy") == "block"), None)
+    return tuple(block) if block else None
+
+
+def per_channel_from_blocks(weight: torch.Tensor, block_scale: torch.Tensor,
+                            block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, float32 scale [rows]): a block-wise weight (block_scale [ceil(rows / block rows), ceil(columns /
+    block columns)], the last blocks cut at the edges) dequantized and quantized again per output channel."""
+    rows, columns = weight.shape
+    scale = block_scale.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :columns]
+    return quantize_rows(weight.float() * scale)
+
+
 def _check_fp8(quantization: dict) -> None:
-    if quantization.get("weight_block_size"):
-        _refuse(f"block-wise fp8 (weight_block_size {quantization['weight_block_size']})")
+    if quantization.get("weight_block_size") is not None:
+        _check_block(quantization["weight_block_size"], "fp8 weight_block_size")
     if quantization.get("fmt", "e4m3") != "e4m3":
         _refuse(f"fp8 in {quantization['fmt']}")
 
@@ -67,17 +94,26 @@ def _check_compressed_tensors(quantization: dict) -> None:
     groups = quantization.get("config_groups") or {}
     if not groups:
         _refuse("compressed-tensors without config_groups")
+    if len({(group.get("weights") or {}).get("strategy") == "block" for group in groups.values()}) > 1:
+        _refuse("compressed-tensors groups of block-wise and other weights together")
     for name, group in groups.items():
         format_ = group.get("format") or quantization.get("format")
         if format_ not in _COMPRESSED_FORMATS:
             _refuse(f"compressed-tensors format {format_!r} (group {name})")
         weights = group.get("weights") or {}
         if (weights.get("num_bits"), weights.get("type")) != (8, "float") or \
-                weights.get("strategy") not in ("tensor", "channel"):
+                weights.get("strategy") not in ("tensor", "channel", "block"):
             _refuse(f"compressed-tensors weights {_scheme(weights)} (group {name})")
+        if weights["strategy"] == "block":
+            _check_block(weights.get("block_structure"), f"compressed-tensors block_structure (group {name})")
         activations = group.get("input_activations")
         if activations and (activations.get("num_bits"), activations.get("type")) != (8, "float"):
             _refuse(f"compressed-tensors input_activations {_scheme(activations)} (group {name})")
+
+
+def _check_block(block, what: str) -> None:
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(size, int) and size > 0 for size in block)):
+        _refuse(f"{what} {block!r}")
 
 
 def _check_kv_cache_scheme(method: str, scheme: dict | str) -> None:

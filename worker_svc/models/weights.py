@@ -2,15 +2,19 @@
 to the worker's layout."""
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
 import torch
 
-from worker_svc.models.fp8_checkpoint import checkpoint_quantization, per_channel_scales
+from worker_svc.models.fp8_checkpoint import (checkpoint_quantization, per_channel_from_blocks, per_channel_scales,
+                                              weight_block_size)
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.shard_layout import ShardLayout, pad_shard
 
+log = logging.getLogger("sluice.worker")
+_BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names
 _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -25,17 +29,31 @@ def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1) -> tuple[Mod
 
 
 def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Reads only the rank's slice of each sharded tensor from the files. A quantization_config the worker cannot
-    load fails here, before any weight is read (fp8_checkpoint.py)."""
+    """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
+    again per channel). A quantization_config the worker cannot load fails here, before any weight is read
+    (fp8_checkpoint.py)."""
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
     config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config))
     layout = ShardLayout(config, rank, world_size)
+    files = sorted(folder.glob("*.safetensors"))
+    block = weight_block_size(hf_config)
+    block_scales = _block_scales(files) if block else {}
+    if block:
+        log.warning("block-wise FP8 weights (blocks of %d x %d) are quantized again per output channel: a little "
+                    "less accurate than the checkpoint", *block)
     state: dict[str, torch.Tensor] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
+    for shard in files:
         with safe_open(shard, framework="pt") as file:
             for name in file.keys():
+                if block and name.endswith(_BLOCK_SCALE_SUFFIXES):
+                    continue
+                if name in block_scales:
+                    weight, scale = per_channel_from_blocks(file.get_tensor(name), block_scales[name], block)
+                    state[name] = layout.shard(name, weight)
+                    state[f"{name}_scale"] = layout.shard(f"{name}_scale", scale)
+                    continue
                 part, piece = file.get_slice(name), layout.slice_of(name)
                 if piece is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
                     state[name] = file.get_tensor(name)
@@ -45,6 +63,19 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConf
     if not state:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     return config, to_worker_layout(state, config)
+
+
+def _block_scales(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Each block-wise weight's name and its block scales (weight_scale_inv or weight_scale), from any of the files."""
+    from safetensors import safe_open
+
+    scales = {}
+    for shard in files:
+        with safe_open(shard, framework="pt") as file:
+            for name in file.keys():
+                if name.endswith(_BLOCK_SCALE_SUFFIXES):
+                    scales[name.removesuffix("_inv").removesuffix("_scale")] = file.get_tensor(name)
+    return scales
 
 
 def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
