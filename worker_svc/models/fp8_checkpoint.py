@@ -12,8 +12,8 @@ Activations are quantized per token on every step, as with `--quantization fp8`,
 scheme: neither a static input_scale nor fbgemm_fp8's activation_scale_ub (a bound on the activation scales) is read.
 A calibrated KV cache, AutoFP8's kv_cache_scheme "static" or compressed-tensors' 8-bit floats with one scale per
 tensor (llm-compressor's, with or without quantized weights), gives the layers' k_scale / v_scale, which an FP8 KV
-cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (block-wise FP8, integer
-weights, a KV cache per head) fails at start, named in the error.
+cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (integer weights, FP8 weights
+in groups, a KV cache per head) fails at start, named in the error.
 """
 from typing import NoReturn
 
