@@ -18,8 +18,9 @@ BLOCK = (128, 128)  # the weight blocks of strategy "block", as Qwen's and DeepS
 
 def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = ()) -> Path:
     """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []), "compressed-tensors"
-    ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]) or
-    "fbgemm_fp8" ([out, 1], per channel only); strategy: "channel" (the rows and scales that `--quantization fp8`
+    ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]),
+    "fbgemm_fp8" ([out, 1], per channel only) or "modelopt" (as "fp8", its config in hf_quant_config.json, as NVIDIA's
+    first releases have it); strategy: "channel" (the rows and scales that `--quantization fp8`
     computes), "tensor" or "block" (one scale per BLOCK, activations dynamic: fp8's weight_scale_inv,
     compressed-tensors' weight_scale); ignore: the Hugging Face names of projections kept as they are, listed in the
     config beside lm_head."""
@@ -28,7 +29,12 @@ def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str,
         if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
             shutil.copy(path, target / path.name)
     hf_config = json.loads((source / "config.json").read_text())
-    hf_config["quantization_config"] = _quantization_config(method, strategy, ["lm_head", *ignore])
+    quantization = _quantization_config(method, strategy, ["lm_head", *ignore])
+    if method == "modelopt":
+        (target / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
+                                                                 "quantization": quantization}))
+    else:
+        hf_config["quantization_config"] = quantization
     (target / "config.json").write_text(json.dumps(hf_config, indent=2))
     state = {}
     for name, tensor in load_file(source / "model.safetensors").items():
@@ -40,7 +46,7 @@ def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str,
             continue
         weight, scale = quantize_rows(tensor) if strategy == "channel" else _quantize_tensor(tensor)
         state[name], state[name + "_scale"] = weight, scale.reshape(_scale_shape(method, strategy, len(weight)))
-        if method == "fp8" or strategy == "tensor":  # a static activation scheme
+        if method == "fp8" or method == "modelopt" and strategy == "tensor":  # a static activation scheme
             input_scale = torch.full(_scale_shape(method, "tensor", 1), STATIC_INPUT_SCALE)
             state[name.removesuffix("weight") + "input_scale"] = input_scale
     save_file(state, target / "model.safetensors")
@@ -65,9 +71,10 @@ def _quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
+    scalar_shaped = method in ("fp8", "modelopt")
     if strategy == "tensor":
-        return () if method == "fp8" else (1,)
-    return (rows,) if method == "fp8" else (rows, 1)
+        return () if scalar_shaped else (1,)
+    return (rows,) if scalar_shaped else (rows, 1)
 
 
 def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
@@ -76,6 +83,9 @@ def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
                 "ignored_layers": ignore}
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
+    if method == "modelopt":
+        algo = "FP8" if strategy == "tensor" else "FP8_PER_CHANNEL_PER_TOKEN"
+        return {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ignore}
     if method == "fbgemm_fp8":
         return {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ignore}
     static = strategy == "tensor"
@@ -96,20 +106,29 @@ def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
 
 
 def write_kv_cache_scales(folder: Path, k_scale: float, v_scale: float) -> Path:
-    """Adds a calibrated FP8 KV cache to a folder: to one of write_fp8_checkpoint, its method's kv_cache_scheme and
-    names (fp8: AutoFP8's "static" with k_proj / v_proj.output_scale []; compressed-tensors: self_attn.k_scale /
-    v_scale [1]); to a float folder, a compressed-tensors config of KV-cache scales alone."""
+    """Adds a calibrated FP8 KV cache to a folder: to one of write_fp8_checkpoint, its method's scheme and names (fp8:
+    AutoFP8's kv_cache_scheme "static" with k_proj / v_proj.output_scale []; modelopt: kv_cache_quant_algo FP8 with
+    k_proj.k_scale / v_proj.v_scale []; compressed-tensors: self_attn.k_scale / v_scale [1]); to a float folder, a
+    compressed-tensors config of KV-cache scales alone."""
     hf_config = json.loads((folder / "config.json").read_text())
-    quantization = hf_config.setdefault("quantization_config", {"quant_method": "compressed-tensors", "format": "dense",
-                                                                  "config_groups": {}, "ignore": []})
-    auto_fp8 = quantization["quant_method"] == "fp8"
-    quantization["kv_cache_scheme"] = "static" if auto_fp8 else {
-        "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
-    (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
-    names = ("k_proj.output_scale", "v_proj.output_scale") if auto_fp8 else ("k_scale", "v_scale")
+    modelopt = folder / "hf_quant_config.json"
+    if modelopt.exists():
+        config = json.loads(modelopt.read_text())
+        config["quantization"]["kv_cache_quant_algo"] = "FP8"
+        modelopt.write_text(json.dumps(config))
+        names, shape = ("k_proj.k_scale", "v_proj.v_scale"), ()
+    else:
+        quantization = hf_config.setdefault("quantization_config", {
+            "quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "ignore": []})
+        auto_fp8 = quantization["quant_method"] == "fp8"
+        quantization["kv_cache_scheme"] = "static" if auto_fp8 else {
+            "num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+        (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
+        names, shape = (("k_proj.output_scale", "v_proj.output_scale"), ()) if auto_fp8 else (("k_scale", "v_scale"),
+                                                                                              (1,))
     state = load_file(folder / "model.safetensors")
     for layer in range(hf_config["num_hidden_layers"]):
         for name, scale in zip(names, (k_scale, v_scale)):
-            state[f"model.layers.{layer}.self_attn.{name}"] = torch.tensor(scale if auto_fp8 else [scale])
+            state[f"model.layers.{layer}.self_attn.{name}"] = torch.full(shape, scale)
     save_file(state, folder / "model.safetensors")
     return folder

@@ -17,6 +17,7 @@ from tests.worker.test_fp8_accuracy import TEXT
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 from worker_svc.models.fp8 import FP8, quantize_rows
+from worker_svc.models.fp8_checkpoint import checkpoint_quantization
 from worker_svc.models.shard_layout import ShardLayout
 from worker_svc.models.weights import load_checkpoint
 
@@ -45,7 +46,8 @@ def quantized_at_load(default_model_dir, prompt_ids):
 
 
 @pytest.mark.parametrize("method, quantization", [("fp8", "auto"), ("compressed-tensors", "auto"),
-                                                  ("compressed-tensors", "fp8"), ("fbgemm_fp8", "auto")])
+                                                  ("compressed-tensors", "fp8"), ("fbgemm_fp8", "auto"),
+                                                  ("modelopt", "auto")])
 def test_per_channel_checkpoints_are_the_model_quantized_at_load(checkpoint, prompt_ids, quantized_at_load, method,
                                                                  quantization):
     engine = WorkerEngine.load(WorkerConfig(model=str(checkpoint(method, "channel")), quantization=quantization))
@@ -54,7 +56,7 @@ def test_per_channel_checkpoints_are_the_model_quantized_at_load(checkpoint, pro
     assert torch.equal(prompt_logits(engine, prompt_ids), quantized_at_load)
 
 
-@pytest.mark.parametrize("method", ["fp8", "compressed-tensors"])
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors", "modelopt"])
 def test_per_tensor_checkpoints_stay_close(checkpoint, prompt_ids, quantized_at_load, method):
     """Measured on this text: mean KL 0.155 to the per-channel model, the same argmax at 86% of positions."""
     engine = WorkerEngine.load(WorkerConfig(model=str(checkpoint(method, "tensor"))))
@@ -136,12 +138,12 @@ def test_a_fused_projection_stored_in_two_precisions_fails_naming_them(checkpoin
         WorkerEngine.load(WorkerConfig(model=str(folder)))
 
 
-@pytest.mark.parametrize("method", ["fp8", "compressed-tensors", None])
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors", "modelopt", None])
 def test_calibrated_kv_cache_scales_reach_the_layers(default_model_dir, tmp_path, prompt_ids, method):
-    """AutoFP8's and llm-compressor's calibrated KV caches, the latter also over float weights (method None): the
-    layers store with the checkpoint's scales under `--kv-cache-dtype fp8`, and the logits stay close to those of the
-    same weights over a cache in the model dtype (measured: mean KL 0.090 over FP8 weights, 0.014 over float ones;
-    with scales of 1.0, 0.080 and 0.015)."""
+    """AutoFP8's, ModelOpt's and llm-compressor's calibrated KV caches, the last also over float weights (method
+    None): the layers store with the checkpoint's scales under `--kv-cache-dtype fp8`, and the logits stay close to
+    those of the same weights over a cache in the model dtype (measured: mean KL 0.090 over FP8 weights, 0.014 over
+    float ones; with scales of 1.0, 0.080 and 0.015)."""
     if method is None:
         folder = shutil.copytree(default_model_dir, tmp_path / "float", ignore=shutil.ignore_patterns("*.gguf"))
     else:
@@ -223,6 +225,9 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
      r"fp8 weight_block_size \[128\]"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
     ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quant_method 'awq'"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "modelopt quant_algo 'NVFP4'"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "NVFP4"},
+     "modelopt kv_cache_quant_algo 'NVFP4', kv_cache_scheme None"),
     ({"quant_method": "compressed-tensors", "config_groups": {}, "kv_cache_scheme": {
         "num_bits": 8, "type": "float", "strategy": "attn_head", "symmetric": True, "dynamic": False}},
      r"compressed-tensors with kv_cache_scheme \{'num_bits': 8, 'type': 'float', 'strategy': 'attn_head', .*\}"),
@@ -243,3 +248,12 @@ def test_unsupported_quantization_fails_naming_it(default_model_dir, tmp_path, q
     (tmp_path / "config.json").write_text(json.dumps({**hf_config, "quantization_config": quantization_config}))
     with pytest.raises(ValueError, match=f"checkpoint quantization {named} is not supported"):
         WorkerEngine.load(WorkerConfig(model=str(tmp_path), quantization="fp8"))
+
+
+def test_modelopt_config_in_config_json_is_read_as_its_legacy_file():
+    """Newer ModelOpt exports write quantization_config into config.json, with a kv_cache_scheme."""
+    quantization = {"quant_method": "modelopt", "quant_algo": "fp8", "ignore": ["lm_head"],
+                    "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False}}
+    assert checkpoint_quantization({"quantization_config": quantization}) == "fp8"
+    with pytest.raises(ValueError, match="modelopt kv_cache_quant_algo 'FP8', kv_cache_scheme"):
+        checkpoint_quantization({"quantization_config": {**quantization, "kv_cache_scheme": {"num_bits": 4}}})

@@ -1,10 +1,12 @@
 """The per-layer scales of an FP8 KV cache, as vLLM reads them from a checkpoint: layers.N.self_attn.k_scale and
-v_scale, k_proj.output_scale and v_proj.output_scale, or one kv_scale for both (AutoFP8's first layout); 1.0 where the
-checkpoint has none."""
+v_scale, k_proj.output_scale and v_proj.output_scale, k_proj.k_scale and v_proj.v_scale (ModelOpt's), or one kv_scale
+for both (AutoFP8's first layout); 1.0 where the checkpoint has none."""
 import torch
 
-_CHECKPOINT_NAMES = {"k_scale": ("self_attn.k_scale", "self_attn.k_proj.output_scale", "self_attn.kv_scale"),
-                     "v_scale": ("self_attn.v_scale", "self_attn.v_proj.output_scale", "self_attn.kv_scale")}
+_CHECKPOINT_NAMES = {
+    "k_scale": ("self_attn.k_scale", "self_attn.k_proj.output_scale", "self_attn.k_proj.k_scale", "self_attn.kv_scale"),
+    "v_scale": ("self_attn.v_scale", "self_attn.v_proj.output_scale", "self_attn.v_proj.v_scale", "self_attn.kv_scale"),
+}
 
 
 def with_kv_scales(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:

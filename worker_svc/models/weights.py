@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from worker_svc.models.fp8_checkpoint import (checkpoint_quantization, per_channel_from_blocks, per_channel_scales,
-                                              weight_block_size)
+                                              quantization_config, weight_block_size)
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.shard_layout import ShardLayout, pad_shard
 
@@ -35,6 +35,7 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConf
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
+    hf_config["quantization_config"] = quantization_config(folder, hf_config)
     config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config))
     layout = ShardLayout(config, rank, world_size)
     files = sorted(folder.glob("*.safetensors"))
