@@ -7,7 +7,7 @@ hf_quant_config.json of its first releases). They store each projection's weight
 ([] or [1]) or per output channel ([out] or [out, 1]); a per-tensor scale becomes that value on every row, which is
 exact. A block-wise weight (fp8's weight_block_size with weight_scale_inv, compressed-tensors' strategy "block" with
 weight_scale; one scale per block of, say, 128 x 128) is dequantized at load and quantized again per output channel, as
-`--quantization fp8` quantizes a float weight (per_channel_from_blocks), so the same FP8 GEMMs run it. A projection
+`--quantization fp8` quantizes a float weight (fp8_scales.py), so the same FP8 GEMMs run it. A projection
 stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision). Activations are
 quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: neither a
 static input_scale nor fbgemm_fp8's activation_scale_ub (a bound on the activation scales) is read. A calibrated KV
@@ -19,10 +19,6 @@ weights in groups, a KV cache per head) fails at start, named in the error.
 import json
 from pathlib import Path
 from typing import NoReturn
-
-import torch
-
-from worker_svc.models.fp8 import quantize_rows
 
 _SUPPORTED = ("quant_method 'fp8', 'fbgemm_fp8', 'modelopt' (FP8) or 'compressed-tensors' with 8-bit float weights, "
               "one scale per tensor, per output channel or per block; a calibrated KV cache of 8-bit floats, one "
@@ -62,20 +58,6 @@ def checkpoint_quantization(hf_config: dict) -> str | None:
     return "fp8"
 
 
-def per_channel_scales(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state with every weight_scale as float32 [rows of its weight] and without input scales."""
-    converted = {}
-    for name, tensor in state.items():
-        if name.endswith(".input_scale"):
-            continue
-        if name.endswith(".weight_scale"):
-            rows = state[name.removesuffix("_scale")].shape[0]
-            tensor = tensor.float().reshape(-1)
-            tensor = tensor.expand(rows).clone() if tensor.numel() == 1 else tensor.reshape(rows)
-        converted[name] = tensor
-    return converted
-
-
 def weight_block_size(hf_config: dict) -> tuple[int, int] | None:
     """(rows, columns) of a block-wise checkpoint's weight blocks, which checkpoint_quantization has checked; None for
     any other checkpoint."""
@@ -87,15 +69,6 @@ def weight_block_size(hf_config: dict) -> tuple[int, int] | None:
         block = next((group["weights"]["block_structure"] for group in groups
                       if (group.get("weights") or {}).get("strategy") == "block"), None)
     return tuple(block) if block else None
-
-
-def per_channel_from_blocks(weight: torch.Tensor, block_scale: torch.Tensor,
-                            block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 weight, float32 scale [rows]): a block-wise weight (block_scale [ceil(rows / block rows), ceil(columns /
-    block columns)], the last blocks cut at the edges) dequantized and quantized again per output channel."""
-    rows, columns = weight.shape
-    scale = block_scale.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :columns]
-    return quantize_rows(weight.float() * scale)
 
 
 def _check_fp8(quantization: dict) -> None:

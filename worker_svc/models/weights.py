@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.models.fp8_checkpoint import (checkpoint_quantization, per_channel_from_blocks, per_channel_scales,
-                                              quantization_config, weight_block_size)
+from worker_svc.models.fp8_checkpoint import checkpoint_quantization, quantization_config, weight_block_size
+from worker_svc.models.fp8_scales import per_channel_from_blocks, per_channel_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.shard_layout import ShardLayout, pad_shard
 
