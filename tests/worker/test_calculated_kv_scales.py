@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from tests.worker.stepping import prompt_logits, run_greedy
@@ -13,9 +12,9 @@ from tests.worker.test_model_families import _TINY, FAMILIES
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
 from worker_svc.models.dummy_weights import random_state_dict
+from worker_svc.models.fp8 import FP8_MAX
 from worker_svc.runner.kv_scale_calibration import KEY_HEADROOM, VALUE_HEADROOM
 
-FP8_MAX = 448.0
 PROMPT = list(range(3, 40))
 LOUDNESS = 5000
 

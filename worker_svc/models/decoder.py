@@ -50,16 +50,19 @@ class Attention(nn.Module):
         self.register_buffer("v_scale", torch.ones(()))
         self.ops = ops
 
+    @property
+    def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """(q norm weight, k norm weight, eps) as prepare_qkv takes them: (None, None, 0.0) without per-head norms."""
+        return (None, None, 0.0) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+
     def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
         # qkv: qkv_proj's output, split into q, k and v heads
         qkv = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        q_norm_weight, k_norm_weight, eps = (None, None, 0.0) if self.q_norm is None else (
-            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         key_cache, value_cache = kv_cache
         kv_scales = (self.k_scale, self.v_scale) if key_cache.dtype == FP8 else (None, None)
         # q: [num_tokens, num_heads, head_dim], normed and rotated; k and v go to the cache
-        q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
-                                 value_cache, meta.slot_mapping, *kv_scales)
+        q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, *self.qk_norms, key_cache, value_cache,
+                                 meta.slot_mapping, *kv_scales)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
