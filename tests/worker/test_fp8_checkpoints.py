@@ -1,5 +1,6 @@
 """Pre-quantized FP8 folders of SmolLM2 (fp8_checkpoints.py) load without `--quantization`: per channel they are the
-model that `--quantization fp8` makes of the float weights, per tensor a close one; tensor-parallel ranks read their
+model that `--quantization fp8` makes of the float weights, per tensor or in blocks a close one; projections on their
+ignore lists stay unquantized; their calibrated KV-cache scales reach the layers; tensor-parallel ranks read their
 slices; a quantization the worker cannot run fails before any weight is read."""
 import json
 import shutil
@@ -7,7 +8,6 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-
 from safetensors.torch import load_file
 
 from tests.worker.fp8_checkpoints import BLOCK, write_fp8_checkpoint, write_kv_cache_scales
