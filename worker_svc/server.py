@@ -33,8 +33,8 @@ async def serve(config: WorkerConfig, address: str, operations: Operations) -> N
         servicer = WorkerServicer(engine, model_name, telemetry)
         service.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer)
         await service.set_ready(True)
-        log.info("worker rank %d of %d serving %s (%s weights) on port %d", config.rank, config.tensor_parallel_size,
-                 config.model, engine.model_config.quantization or config.dtype, port)
+        log.info("worker rank %d of %d serving %s on port %d", config.rank, config.tensor_parallel_size,
+                 config.model, port)
         await service.wait_for_shutdown(*([servicer.group_broken] if group is not None else []))
         drained = await service.drain(lambda: engine.num_live_requests == 0)
         log.info("worker drained" if drained else "worker drain timed out; stopping")
