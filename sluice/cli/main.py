@@ -14,7 +14,8 @@ from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
                                      operations_flags, operations_from)
 from sluice.cli.service_flags import (add_router_limit_options, add_router_process_options, add_scheduler_options,
-                                     add_worker_options, router_limit_flags, scheduler_flags, worker_flags)
+                                     add_worker_options, router_limit_flags, scheduler_flags, worker_config_options,
+                                     worker_flags)
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 
@@ -121,14 +122,10 @@ def _worker(args) -> None:
     if args.tensor_parallel_size > 1 and args.rank is None:
         sys.exit(run_rank_group(args, operations_flags))
     rank = args.rank or 0
-    config = WorkerConfig(model=str(args.model or default_model()), load_format=args.load_format, dtype=args.dtype,
-                          quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                          calculate_kv_scales=args.calculate_kv_scales, device=rank_device(args.device, rank),
-                          kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                          kernels=args.kernels, tensor_parallel_size=args.tensor_parallel_size, rank=rank,
+    config = WorkerConfig(model=str(args.model or default_model()), device=rank_device(args.device, rank),
+                          tensor_parallel_size=args.tensor_parallel_size, rank=rank,
                           dist_init_address=args.dist_init_address or "", dist_timeout=args.dist_timeout,
-                          draft_model=args.draft_model, draft_load_format=args.draft_load_format)
+                          **worker_config_options(args))
     _run_service(args, lambda operations: serve(config, args.listen, operations))
 
 

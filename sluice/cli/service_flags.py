@@ -80,6 +80,16 @@ def add_router_limit_options(parser) -> None:
                         help="a larger client message gets RESOURCE_EXHAUSTED before it is read")
 
 
+def worker_config_options(args) -> dict:
+    """The WorkerConfig fields the worker options set, but for the model's path and the device, which each caller
+    places."""
+    return dict(load_format=args.load_format, dtype=args.dtype, quantization=args.quantization,
+                kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales,
+                kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)), gpu_memory_utilization=args.gpu_memory_utilization,
+                enforce_eager=args.enforce_eager, kernels=args.kernels, draft_model=args.draft_model,
+                draft_load_format=args.draft_load_format)
+
+
 def worker_flags(args) -> list[str]:
     return ["--model", str(args.model), "--load-format", args.load_format, "--dtype", args.dtype,
             "--quantization", args.quantization, "--kv-cache-dtype", args.kv_cache_dtype,

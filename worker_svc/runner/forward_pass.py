@@ -35,15 +35,16 @@ class ForwardPass:
     def hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata,
                       indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output and residual at the tokens `indices` names (None: at every token)."""
-        def eager() -> tuple[torch.Tensor, torch.Tensor]:
-            return self.model.hidden_states(token_inputs[0], token_inputs[1], self.cos_sin_cache, self.kv_caches,
-                                            meta, indices)
-
         if self.kv_scales_pending:
             self.kv_scales_pending = False
-            return with_calculated_kv_scales(self.model, eager)
+            return with_calculated_kv_scales(self.model, lambda: self._eager(token_inputs, meta, indices))
         graphs = self.piecewise_graphs
         if graphs is None or not graphs.fits(token_inputs.shape[1]):
-            return eager()
+            return self._eager(token_inputs, meta, indices)
         x, residual = graphs.run(token_inputs, meta)
         return (x, residual) if indices is None else (x[indices], residual[indices])
+
+    def _eager(self, token_inputs: torch.Tensor, meta: AttentionMetadata,
+               indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.hidden_states(token_inputs[0], token_inputs[1], self.cos_sin_cache, self.kv_caches, meta,
+                                        indices)

@@ -10,7 +10,7 @@ from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
-                                     scheduler_flags, worker_flags)
+                                     scheduler_flags, worker_config_options, worker_flags)
 
 
 def add_bench_commands(commands) -> None:
@@ -134,12 +134,7 @@ def _offline_engine(args, enable_prefix_caching: bool):
     from worker_svc.config import WorkerConfig
     from worker_svc.engine import WorkerEngine
 
-    worker = WorkerEngine.load(WorkerConfig(
-        model=str(args.model), load_format=args.load_format, dtype=args.dtype, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, calculate_kv_scales=args.calculate_kv_scales, device=args.device,
-        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, kernels=args.kernels,
-        draft_model=args.draft_model, draft_load_format=args.draft_load_format))
+    worker = WorkerEngine.load(WorkerConfig(model=str(args.model), device=args.device, **worker_config_options(args)))
     return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
                          max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                          enable_prefix_caching=enable_prefix_caching, speculative_method=args.speculative_method,
