@@ -9,6 +9,8 @@ The row's maximum is scaled by the reciprocal of e4m3's largest value and x is d
 nearest, as torch's CUDA operators do, so the results agree bit for bit. Asked for more rows than x has, it writes
 the rows beyond as zeros with the smallest scale (a GEMM padded to a row count its library runs faster).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -22,7 +24,7 @@ _INV_FP8_MAX = tl.constexpr(1.0 / FP8_MAX)  # torch divides a tensor by a number
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_out, min_scale,
+def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_out, min_scale, absmax_bound,
                           BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -32,7 +34,7 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_o
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         absmax = tl.maximum(absmax, tl.abs(tl.load(x_row + ks, mask=ks < x_len, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.max(absmax, 0) * _INV_FP8_MAX, min_scale)
+    scale = tl.maximum(tl.minimum(tl.max(absmax, 0), absmax_bound) * _INV_FP8_MAX, min_scale)
     tl.store(scale_ptr + row, scale)
     # -- pass 2: x / scale in e4m3
     out_row = out_ptr + row * stride_out
@@ -43,9 +45,11 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_o
         tl.store(out_row + ks, quantized.to(out_ptr.dtype.element_ty), mask=ks < K)
 
 
-def quantize_rows_fp8(x: torch.Tensor, rows_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_fp8(x: torch.Tensor, rows_out: int | None = None,
+                      absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [rows, K], its last dimension contiguous -> (x_q: [rows_out, K] e4m3, scale: [rows_out] float32), with
-    x ≈ x_q[:rows] * scale[:rows, None] and zeros after (rows_out: rows unless given, at least rows)."""
+    x ≈ x_q[:rows] * scale[:rows, None] and zeros after (rows_out: rows unless given, at least rows). With
+    absmax_bound, a row's absolute maximum is clipped to it before the scale is taken: larger elements saturate."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [rows, K] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
     rows, k = x.shape
@@ -58,11 +62,14 @@ def quantize_rows_fp8(x: torch.Tensor, rows_out: int | None = None) -> tuple[tor
         # NOTE: 1,024-element slices and 4 warps (one 16-byte load per thread per slice of a bf16 row): on the H200,
         # 8,192 x 4,096 in 34.6 us and 8,192 x 14,336 in 146.7 us, 2.9 and 2.4 TB/s of bytes read once plus written
         _quantize_rows_kernel[(rows_out,)](x, out, scale, rows, k, x.stride(0), out.stride(0), MIN_SCALE,
+                                           math.inf if absmax_bound is None else absmax_bound,
                                            BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=4)
     return out, scale
 
 
-def quantize_rows_fp8_ref(x: torch.Tensor, rows_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_fp8_ref(x: torch.Tensor, rows_out: int | None = None,
+                          absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     x = x if rows_out is None else F.pad(x, (0, 0, 0, rows_out - x.shape[0]))
-    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp_min(MIN_SCALE)
+    absmax = x.float().abs().amax(dim=-1)
+    scale = ((absmax if absmax_bound is None else absmax.clamp_max(absmax_bound)) / FP8_MAX).clamp_min(MIN_SCALE)
     return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale

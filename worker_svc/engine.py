@@ -55,7 +55,7 @@ class WorkerEngine:
         self.layout = ShardLayout(model_config) if group is None else \
             ShardLayout(model_config, group.rank, group.world_size)
         self.local_config = self.layout.local_config()  # the rank's heads, intermediate and vocabulary columns
-        self.ops = _operators(config, model_config.quantization == "fp8")
+        self.ops = _operators(config, model_config)
         self.model = self._build_model(self.model_config, state)
         self.draft_config, self.draft_model = None, None
         if draft is not None:
@@ -208,18 +208,19 @@ def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device
                                torch.float32).to(device)
 
 
-def _operators(config: WorkerConfig, fp8: bool) -> TorchOps:
+def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
     device without FP8 GEMMs fails here (fp8.fp8_gemm_for)."""
     device = torch.device(config.device)
+    fp8, bound = model_config.quantization == "fp8", model_config.activation_absmax_bound
     if not config.uses_triton:
-        return TorchOps(fp8_gemm_for(device) if fp8 else emulated_fp8_linear)
+        return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
     try:
         from worker_svc.models.triton_ops import TritonOps
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error
-    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows) if fp8 else emulated_fp8_linear)
+    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows, bound) if fp8 else emulated_fp8_linear)
 
 
 def _check_fp8_kv_cache(config: WorkerConfig, device: torch.device) -> None:

@@ -31,15 +31,18 @@ def test_served_fp8_model_generates_what_the_fp8_engine_does(default_model_dir, 
     assert list(result.token_ids) == expected
 
 
-@pytest.mark.parametrize("method, strategy", [("compressed-tensors", "tensor"), ("fp8", "block")])
+@pytest.mark.parametrize("method, strategy", [("compressed-tensors", "tensor"), ("fp8", "block"),
+                                              ("fbgemm_fp8", "channel")])
 def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_model_dir, tmp_path, hf_tokenizer,
                                                                        method, strategy):
-    """No --quantization: the worker reads the folder's quantization_config (per tensor, or in blocks that it quantizes
-    again per channel; layer 0's down projection on its ignore list, unquantized) and its calibrated KV-cache scales,
-    stored with under --kv-cache-dtype fp8; the router tokenizes with the folder's tokenizer."""
+    """No --quantization: the worker reads the folder's quantization_config (per tensor, in blocks that it quantizes
+    again per channel, or fbgemm_fp8's per channel under its activation_scale_ub; layer 0's down projection on its
+    ignore list, unquantized) and its calibrated KV-cache scales (fbgemm_fp8 has none), stored with under
+    --kv-cache-dtype fp8; the router tokenizes with the folder's tokenizer."""
     folder = write_fp8_checkpoint(default_model_dir, tmp_path / "fp8", method, strategy,
                                   ignore=("model.layers.0.mlp.down_proj",))
-    write_kv_cache_scales(folder, k_scale=0.25, v_scale=0.125)
+    if method != "fbgemm_fp8":
+        write_kv_cache_scales(folder, k_scale=0.25, v_scale=0.125)
     engine = WorkerEngine.load(WorkerConfig(model=str(folder), kv_cache_dtype="fp8"))
     expected = run_greedy(engine, [hf_tokenizer(PROMPT).input_ids], MAX_TOKENS, chunk=1000)[0]
     with running_services(folder, worker_args=["--kv-cache-dtype", "fp8"]) as services:

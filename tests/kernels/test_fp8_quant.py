@@ -50,6 +50,18 @@ def test_rows_out_pads_with_zero_rows(device):
         quantize_rows_fp8(x, rows_out=2)
 
 
+def test_an_absmax_bound_caps_the_scales(device):
+    x = _representable_rows(4, 512, torch.bfloat16, device)
+    bound = x[:2].float().abs().amax().item() / 4  # below rows 0 and 1's maxima, whichever is larger
+    out, scale = quantize_rows_fp8(x, rows_out=6, absmax_bound=bound)
+    ref_out, ref_scale = quantize_rows_fp8_ref(x, rows_out=6, absmax_bound=bound)
+    assert torch.equal(scale, ref_scale) and torch.equal(out.float(), ref_out.float())
+    capped = x.float().abs().amax(-1) > bound
+    assert capped.any() and torch.equal(scale[:4][capped], torch.full_like(scale[:4][capped], bound / FP8_MAX))
+    assert torch.equal(scale[:4][~capped], quantize_rows_fp8(x)[1][~capped])
+    assert (out[:4][capped].float().abs().amax(-1) == FP8_MAX).all()
+
+
 def test_refuses_rows_that_are_not_contiguous(device):
     with pytest.raises(ValueError, match="contiguous rows"):
         quantize_rows_fp8(torch.randn(8, 8, device=device).T)

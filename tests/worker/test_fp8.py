@@ -25,6 +25,22 @@ def test_each_row_is_scaled_to_the_e4m3_range(layer):
     assert (error <= x.abs() / 16 + scale[:, None] * 2**-9).all()
 
 
+def test_an_absmax_bound_caps_the_scales_and_saturates_what_lies_beyond(layer):
+    x, _, _ = layer
+    bound = x[3].abs().max().item() / 2  # tokens 0-2 lie below it, 4-6 above
+    x_q, scale = quantize_rows(x, absmax_bound=bound)
+    unbounded_q, unbounded_scale = quantize_rows(x)
+    above = x.abs().amax(-1) > bound
+    assert above.tolist() == [False] * 3 + [True] * 4
+    assert torch.equal(scale[~above], unbounded_scale[~above]) and torch.equal(x_q[~above].float(),
+                                                                                unbounded_q[~above].float())
+    assert torch.allclose(scale[above], torch.tensor(bound / 448.0))
+    beyond = x[above].abs() >= bound
+    assert beyond.any() and torch.equal(x_q[above].float()[beyond], 448.0 * x[above][beyond].sign())
+    torch.testing.assert_close(emulated_fp8_linear(x, *quantize_rows(torch.eye(256)), None, absmax_bound=bound),
+                               dequantize_rows(x_q, scale, torch.float32), rtol=1e-6, atol=0)
+
+
 def test_zero_rows_quantize_to_zero():
     x_q, scale = quantize_rows(torch.zeros(2, 32))
     assert torch.equal(x_q.float(), torch.zeros(2, 32)) and (scale > 0).all()
@@ -73,7 +89,7 @@ def test_a_gemm_padded_for_cublas_returns_its_own_rows(device):
 
 
 def test_the_cpu_emulates_and_other_devices_without_fp8_fail_at_start():
-    assert fp8_gemm_for(torch.device("cpu")) is emulated_fp8_linear
+    assert fp8_gemm_for(torch.device("cpu")).func is emulated_fp8_linear
     with pytest.raises(RuntimeError, match="quantization fp8 needs FP8 GEMMs"):
         fp8_gemm_for(torch.device("meta"))
 

@@ -2,7 +2,8 @@
 
 y = (x_q * x_scale) @ (w_q * w_scale).T + bias. On a device with FP8 GEMMs (CUDA compute capability 8.9 and up) the
 product runs in torch._scaled_mm, accumulated in the tensor cores' fast FP8 accumulator; on the CPU the same
-arithmetic is emulated, accumulated in float32.
+arithmetic is emulated, accumulated in float32. A token's scale maps its absolute maximum to e4m3's largest value, or,
+under an absmax_bound (fbgemm_fp8's activation_scale_ub), the smaller of the two: larger elements saturate.
 """
 from collections.abc import Callable
 from functools import partial
@@ -17,7 +18,7 @@ _MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of zero
 QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 Fp8Gemm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-RowQuantizer = Callable[[torch.Tensor, int | None], tuple[torch.Tensor, torch.Tensor]]
+RowQuantizer = Callable[[torch.Tensor, int | None, float | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Fp8Linear(nn.Module):
@@ -35,11 +36,15 @@ def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
-def quantize_rows(x: torch.Tensor, rows_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None]: each row's absolute maximum maps to FP8_MAX.
-    rows_out pads x with rows of zeros to that many rows."""
+def quantize_rows(x: torch.Tensor, rows_out: int | None = None,
+                  absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3, scale float32 [rows]) with x ≈ x_q * scale[:, None]: each row's absolute maximum, clipped to
+    absmax_bound when given, maps to FP8_MAX. rows_out pads x with rows of zeros to that many rows."""
     x = x if rows_out is None else F.pad(x, (0, 0, 0, rows_out - x.shape[0]))
-    scale = (x.float().abs().amax(dim=-1) / FP8_MAX).clamp_min(_MIN_SCALE)
+    absmax = x.float().abs().amax(dim=-1)
+    if absmax_bound is not None:
+        absmax = absmax.clamp_max(absmax_bound)
+    scale = (absmax / FP8_MAX).clamp_min(_MIN_SCALE)
     return to_fp8(x, scale[:, None]), scale
 
 
@@ -48,9 +53,9 @@ def dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 
 
 def emulated_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                        bias: torch.Tensor | None) -> torch.Tensor:
+                        bias: torch.Tensor | None, absmax_bound: float | None = None) -> torch.Tensor:
     """torch._scaled_mm's arithmetic in float32: the CPU path and the reference of the FP8 GEMM."""
-    x_q, x_scale = quantize_rows(x)
+    x_q, x_scale = quantize_rows(x, absmax_bound=absmax_bound)
     y = (x_q.float() @ weight.float().T) * x_scale[:, None] * weight_scale[None, :]
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
@@ -65,11 +70,12 @@ def scaled_mm_rows(rows: int) -> int:
 
 
 def scaled_mm_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                         bias: torch.Tensor | None, quantize: RowQuantizer = quantize_rows) -> torch.Tensor:
+                         bias: torch.Tensor | None, quantize: RowQuantizer = quantize_rows,
+                         absmax_bound: float | None = None) -> torch.Tensor:
     """The FP8 GEMM: row-wise scales (per token x per channel), bf16 out (what row-wise scaling supports). quantize:
     quantize_rows or a kernel with its arithmetic (kernels.fp8_quant)."""
     rows = x.shape[0]
-    x_q, x_scale = quantize(x, scaled_mm_rows(rows))
+    x_q, x_scale = quantize(x, scaled_mm_rows(rows), absmax_bound)
     # NOTE: fast accumulation (the FP8 tensor cores' accumulator, not promoted to float32 every few k-steps):
     # Llama-3.1-8B's GEMMs at 400 rows 18-40% faster and at 8,192 rows 8-12% (H100), 400 x 1,000/1,000 tokens
     # 11,460 -> 12,136 output tok/s; outputs within 2-4e-3 (relative) of the promoted accumulation's.
@@ -78,13 +84,14 @@ def scaled_mm_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
     return (y if bias is None else y + bias).to(x.dtype)
 
 
-def fp8_gemm_for(device: torch.device, quantize: RowQuantizer = quantize_rows) -> Fp8Gemm:
+def fp8_gemm_for(device: torch.device, quantize: RowQuantizer = quantize_rows,
+                 absmax_bound: float | None = None) -> Fp8Gemm:
     """The FP8 GEMM of a device: emulated on the CPU, torch._scaled_mm on a GPU that has FP8, its activations
-    quantized by `quantize`; any other device fails here, at start."""
+    quantized by `quantize` (under absmax_bound); any other device fails here, at start."""
     if device.type == "cpu":
-        return emulated_fp8_linear
+        return partial(emulated_fp8_linear, absmax_bound=absmax_bound)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
-        return partial(scaled_mm_fp8_linear, quantize=quantize)
+        return partial(scaled_mm_fp8_linear, quantize=quantize, absmax_bound=absmax_bound)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     raise RuntimeError(f"quantization fp8 needs FP8 GEMMs (CUDA compute capability 8.9+, e.g. Ada or Hopper) or the "
                        f"CPU's emulation; {device} ({name}) has neither")

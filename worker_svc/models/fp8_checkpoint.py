@@ -9,8 +9,8 @@ exact. A block-wise weight (fp8's weight_block_size with weight_scale_inv, compr
 weight_scale; one scale per block of, say, 128 x 128) is dequantized at load and quantized again per output channel, as
 `--quantization fp8` quantizes a float weight (fp8_scales.py), so the same FP8 GEMMs run it. A projection
 stored unquantized (on the checkpoint's ignore list) runs unquantized (fp8.keep_stored_precision). Activations are
-quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme: neither a
-static input_scale nor fbgemm_fp8's activation_scale_ub (a bound on the activation scales) is read. A calibrated KV
+quantized per token on every step, as with `--quantization fp8`, whatever the checkpoint's activation scheme (a static
+input_scale is not read), each token's absolute maximum clipped to fbgemm_fp8's activation_scale_ub. A calibrated KV
 cache, AutoFP8's kv_cache_scheme "static", compressed-tensors' 8-bit floats with one scale per tensor (llm-compressor's,
 with or without quantized weights) or ModelOpt's kv_cache_quant_algo FP8, gives the layers' k_scale / v_scale, which an
 FP8 KV cache (`--kv-cache-dtype fp8`) stores with (kv_scales.py). Any other method or scheme (integer weights, FP8
@@ -56,6 +56,18 @@ def checkpoint_quantization(hf_config: dict) -> str | None:
     elif method == "compressed-tensors":
         _check_compressed_tensors(quantization)
     return "fp8"
+
+
+def activation_absmax_bound(hf_config: dict) -> float | None:
+    """fbgemm_fp8's activation_scale_ub, the largest absolute value a token's activation scale maps to e4m3's range;
+    None for other checkpoints, or one without the bound."""
+    quantization = hf_config.get("quantization_config") or {}
+    bound = quantization.get("activation_scale_ub") if quantization.get("quant_method") == "fbgemm_fp8" else None
+    if bound is None:
+        return None
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < float("inf"):
+        _refuse(f"fbgemm_fp8 activation_scale_ub {bound!r}")
+    return float(bound)
 
 
 def weight_block_size(hf_config: dict) -> tuple[int, int] | None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.models.fp8_checkpoint import checkpoint_quantization, quantization_config, weight_block_size
+from worker_svc.models.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
+                                              weight_block_size)
 from worker_svc.models.fp8_scales import per_channel_from_blocks, per_channel_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.shard_layout import ShardLayout, pad_shard
@@ -36,7 +37,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConf
 
     hf_config = json.loads((folder / "config.json").read_text())
     hf_config["quantization_config"] = quantization_config(folder, hf_config)
-    config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config))
+    config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config),
+                                 activation_absmax_bound=activation_absmax_bound(hf_config))
     layout = ShardLayout(config, rank, world_size)
     files = sorted(folder.glob("*.safetensors"))
     block = weight_block_size(hf_config)
