@@ -8,6 +8,7 @@ Each timed call cycles through enough copies of the weight to outgrow the L2 cac
 replayed from a CUDA graph as a decode step is. Bandwidth counts the weight bytes alone.
 """
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -18,7 +19,8 @@ import triton.testing
 
 from kernels import fused_add_rms_norm, fused_linear, fused_linear_ref, silu_and_mul
 from kernels.fp8_quant import quantize_rows_fp8
-from worker_svc.models.fp8 import quantize_rows, scaled_mm_fp8_linear
+from worker_svc.models.fp8 import quantize_rows
+from worker_svc.models.fp8_gemm import scaled_mm_fp8_linear
 
 DTYPE = torch.bfloat16
 STREAMED_BYTES = 512 << 20  # weight bytes per timed call, several times the 60 MB L2
@@ -106,8 +108,9 @@ def bench_activation_quant(model: str) -> list[dict]:
             x = torch.randn(m, k, device="cuda", dtype=DTYPE)
             row = dict(projection=name, rows=m, k=k)
             for label, quantize in (("torch", quantize_rows), ("kernel", quantize_rows_fp8)):
+                gemm = dataclasses.replace(scaled_mm_fp8_linear, quantize=quantize)
                 row[f"quant_{label}_us"] = time_us(lambda: quantize(x), 1)
-                row[f"gemm_{label}_us"] = time_us(lambda: scaled_mm_fp8_linear(x, weight, scale, None, quantize), 1)
+                row[f"gemm_{label}_us"] = time_us(lambda: gemm(x, weight, scale, None), 1)
             rows.append(row)
             print(f"{name:<8} {m:>5} x {k:<6} quantize {row['quant_torch_us']:>8.1f} -> "
                   f"{row['quant_kernel_us']:>7.1f} us   FP8 GEMM {row['gemm_torch_us']:>8.1f} -> "

@@ -24,6 +24,18 @@ _INV_FP8_MAX = tl.constexpr(1.0 / FP8_MAX)  # torch divides a tensor by a number
 
 
 @triton.jit
+def row_scale(absmax, absmax_bound, min_scale):
+    """A row's scale: its absolute maximum, clipped to absmax_bound, maps to e4m3's largest value."""
+    return tl.maximum(tl.minimum(absmax, absmax_bound) * _INV_FP8_MAX, min_scale)
+
+
+@triton.jit
+def scaled_to_fp8(x, scale, out_ptr):
+    """x (float32) / scale in the e4m3 type of out_ptr, saturated to e4m3's range."""
+    return tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX).to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_out, min_scale, absmax_bound,
                           BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -34,15 +46,14 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_o
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         absmax = tl.maximum(absmax, tl.abs(tl.load(x_row + ks, mask=ks < x_len, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.minimum(tl.max(absmax, 0), absmax_bound) * _INV_FP8_MAX, min_scale)
+    scale = row_scale(tl.max(absmax, 0), absmax_bound, min_scale)
     tl.store(scale_ptr + row, scale)
     # -- pass 2: x / scale in e4m3
     out_row = out_ptr + row * stride_out
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         x = tl.load(x_row + ks, mask=ks < x_len, other=0.0).to(tl.float32)
-        quantized = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
-        tl.store(out_row + ks, quantized.to(out_ptr.dtype.element_ty), mask=ks < K)
+        tl.store(out_row + ks, scaled_to_fp8(x, scale, out_ptr), mask=ks < K)
 
 
 def quantize_rows_fp8(x: torch.Tensor, rows_out: int | None = None,
@@ -53,18 +64,31 @@ def quantize_rows_fp8(x: torch.Tensor, rows_out: int | None = None,
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [rows, K] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
     rows, k = x.shape
-    rows_out = rows if rows_out is None else rows_out
-    if rows_out < rows:
-        raise ValueError(f"rows_out ({rows_out}) must be at least x's rows ({rows})")
-    out = torch.empty(rows_out, k, dtype=FP8, device=x.device)
-    scale = torch.empty(rows_out, dtype=torch.float32, device=x.device)
+    out, scale = empty_quantized_rows(rows, k, rows_out, x.device)
+    rows_out = out.shape[0]
     if rows_out:
         # NOTE: 1,024-element slices and 4 warps (one 16-byte load per thread per slice of a bf16 row): on the H200,
         # 8,192 x 4,096 in 34.6 us and 8,192 x 14,336 in 146.7 us, 2.9 and 2.4 TB/s of bytes read once plus written
         _quantize_rows_kernel[(rows_out,)](x, out, scale, rows, k, x.stride(0), out.stride(0), MIN_SCALE,
-                                           math.inf if absmax_bound is None else absmax_bound,
+                                           bound_argument(absmax_bound),
                                            BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=4)
     return out, scale
+
+
+def empty_quantized_rows(rows: int, k: int, rows_out: int | None,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty e4m3 rows [rows_out, k] and their float32 scales [rows_out], for `rows` rows of activations padded to
+    rows_out (rows unless given; at least rows)."""
+    rows_out = rows if rows_out is None else rows_out
+    if rows_out < rows:
+        raise ValueError(f"rows_out ({rows_out}) must be at least x's rows ({rows})")
+    return (torch.empty(rows_out, k, dtype=FP8, device=device),
+            torch.empty(rows_out, dtype=torch.float32, device=device))
+
+
+def bound_argument(absmax_bound: float | None) -> float:
+    """A kernel's absmax_bound argument: no bound is an infinite one, which clips nothing."""
+    return math.inf if absmax_bound is None else absmax_bound
 
 
 def quantize_rows_fp8_ref(x: torch.Tensor, rows_out: int | None = None,

@@ -1,43 +1,55 @@
-"""RMSNorm, alone or fused with the residual add that precedes it in every decoder layer."""
+"""RMSNorm, alone or fused with the residual add that precedes it in every decoder layer; its output in the input's
+dtype, or quantized per row to e4m3 for the FP8 GEMM that reads it (kernels.fp8_quant's arithmetic)."""
 import torch
 import triton
 import triton.language as tl
+
+from kernels.fp8_quant import MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
-    stride_x, stride_r, stride_o, stride_ro,
-    eps,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr,
+    rows, stride_x, stride_r, stride_o, stride_ro,
+    eps, min_scale, absmax_bound,
+    HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, QUANTIZE: tl.constexpr,
 ):
     """Program `row` normalises one row of `hidden` values held whole in registers (BLOCK >= hidden).
 
     With HAS_RESIDUAL it first forms h = x + residual, rounds it to the input dtype and stores it as the new
     residual; the norm then reads that rounded h, as the unfused model code would. The mean of squares and the
     scaling run in fp32; like Hugging Face's LlamaRMSNorm, the normalised row is rounded to the input dtype before
-    the weight multiply, and the product is rounded again.
+    the weight multiply, and the product is rounded again. With QUANTIZE that row is stored divided by its scale in
+    e4m3, the scale at scale_ptr; a padding row (row >= rows) reads nothing and stores zeros with the smallest scale.
     """
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    present = cols < tl.where(row < rows, HIDDEN, 0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=present, other=0.0)
     dtype = x.dtype
 
     # -- optional residual add, rounded to the input dtype
     if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=present, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=mask)
+        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=present)
 
     # -- normalise in fp32
     h = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(h * h, 0) / HIDDEN + eps)
     normed = (h * inv_rms).to(dtype).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (normed * w).to(dtype)
+    if QUANTIZE:
+        y = y.to(tl.float32)
+        scale = row_scale(tl.max(tl.abs(y), 0), absmax_bound, min_scale)
+        tl.store(scale_ptr + row, scale)
+        tl.store(out_ptr + row * stride_o + cols, scaled_to_fp8(y, scale, out_ptr), mask=mask)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, y, mask=mask)
 
 
 def _as_rows(t: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -45,7 +57,10 @@ def _as_rows(t: torch.Tensor, hidden: int) -> torch.Tensor:
     return rows if rows.stride(1) == 1 else rows.contiguous()
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, fp8: bool = False,
+            rows_out: int | None = None, absmax_bound: float | None = None):
+    """(out, new_residual, scale): out in x's shape and dtype, or with fp8 e4m3 rows [rows_out, hidden] and their
+    scales; new_residual None without a residual, scale None without fp8."""
     hidden = x.shape[-1]
     if x.dtype not in NORM_DTYPES:
         raise TypeError(f"x dtype {x.dtype} not in {NORM_DTYPES}")
@@ -55,27 +70,32 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         raise ValueError(f"residual {residual.dtype} {tuple(residual.shape)} does not match x {x.dtype} "
                          f"{tuple(x.shape)}")
     x_rows = _as_rows(x, hidden)
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    out_rows = out.view(-1, hidden)
-    r_rows, r_out_rows = x_rows, out_rows  # placeholders, never touched without a residual
+    num_rows = x_rows.shape[0]
+    scale = None
+    if fp8:
+        out_rows, scale = empty_quantized_rows(num_rows, hidden, rows_out, x.device)
+        out = out_rows
+    else:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        out_rows = out.view(-1, hidden)
+    r_rows, r_out_rows = x_rows, x_rows  # placeholders, never touched without a residual
     new_residual = None
     if residual is not None:
         r_rows = _as_rows(residual, hidden)
-        new_residual = torch.empty_like(out)
+        new_residual = torch.empty_like(x, memory_format=torch.contiguous_format)
         r_out_rows = new_residual.view(-1, hidden)
-    num_rows = x_rows.shape[0]
-    if num_rows:
+    if out_rows.shape[0]:
         block = triton.next_power_of_2(hidden)
         # NOTE: warps grow with the row so each thread keeps <= 16 elements in registers (not swept; at hidden 1024
         # x 4096 tokens on the H200 the fused kernel runs 5.9 us in a CUDA graph, benchmarks/kernel_timings.py).
         num_warps = min(max(block // 512, 1), 16)
-        _rms_norm_kernel[(num_rows,)](
-            x_rows, r_rows, weight, out_rows, r_out_rows,
-            x_rows.stride(0), r_rows.stride(0), out_rows.stride(0), r_out_rows.stride(0),
-            eps,
-            HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=num_warps,
+        _rms_norm_kernel[(out_rows.shape[0],)](
+            x_rows, r_rows, weight, out_rows, r_out_rows, out_rows if scale is None else scale,
+            num_rows, x_rows.stride(0), r_rows.stride(0), out_rows.stride(0), r_out_rows.stride(0),
+            eps, MIN_SCALE, bound_argument(absmax_bound),
+            HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANTIZE=fp8, num_warps=num_warps,
         )
-    return out, new_residual
+    return out, new_residual, scale
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,7 +107,19 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns new tensors (rmsnorm(x + residual) * weight, x + residual); x and residual are left untouched."""
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps)[:2]
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, rows_out: int | None = None,
+    absmax_bound: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(x_q, scale, new_residual) for x: [rows, hidden]: rmsnorm(x + residual) * weight (x alone with residual None,
+    and new_residual None) quantized per row as kernels.fp8_quant.quantize_rows_fp8 quantizes it (rows_out,
+    absmax_bound alike), without the normalised rows in between."""
+    out, new_residual, scale = _launch(x, residual, weight, eps, fp8=True, rows_out=rows_out,
+                                       absmax_bound=absmax_bound)
+    return out, scale, new_residual
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,8 +8,8 @@ from sluice.core.step_plan import StepOutcome, StepPlan
 from worker_svc.config import WorkerConfig
 from worker_svc.models.decoder import DecoderLM
 from worker_svc.models.dummy_weights import dummy_checkpoint
-from worker_svc.models.fp8 import (FP8, emulated_fp8_linear, fp8_gemm_for, keep_stored_precision,
-                                   quantize_linear_weights)
+from worker_svc.models.fp8 import FP8, keep_stored_precision, quantize_linear_weights
+from worker_svc.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
 from worker_svc.models.kv_scales import with_kv_scales
 from worker_svc.models.model_config import ModelConfig
 from worker_svc.models.registry import traits_for
@@ -210,7 +210,7 @@ def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device
 
 def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
-    device without FP8 GEMMs fails here (fp8.fp8_gemm_for)."""
+    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for)."""
     device = torch.device(config.device)
     fp8, bound = model_config.quantization == "fp8", model_config.activation_absmax_bound
     if not config.uses_triton:

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
+from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_fp8, rms_norm_ref
+from kernels.fp8_quant import MIN_SCALE, quantize_rows_fp8
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -59,3 +60,24 @@ def test_realistic(device, hidden):
     ref_normed, ref_residual = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
     assert torch.equal(new_residual, ref_residual)
     torch.testing.assert_close(normed, ref_normed, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("rows_out, absmax_bound", [(None, None), (8, None), (5, 0.5)])
+def test_fp8_output_is_the_norm_then_the_row_quantization(device, dtype, with_residual, rows_out, absmax_bound):
+    """Bit for bit what the norm kernel's output gives quantize_rows_fp8, padding rows and the bound alike."""
+    x, residual = (torch.randn(2, 5, 1000, device=device) * 4).to(dtype)
+    weight = torch.randn(1000, device=device).to(dtype)
+    x_q, scale, new_residual = rms_norm_fp8(x, residual if with_residual else None, weight, 1e-6, rows_out,
+                                            absmax_bound)
+    if with_residual:
+        normed, expected_residual = fused_add_rms_norm(x, residual, weight, 1e-6)
+        assert torch.equal(new_residual, expected_residual)
+    else:
+        normed = rms_norm(x, weight, 1e-6)
+        assert new_residual is None
+    expected_q, expected_scale = quantize_rows_fp8(normed, rows_out, absmax_bound)
+    assert x_q.shape == (rows_out or 5, 1000) and torch.equal(scale, expected_scale)
+    assert torch.equal(x_q.float(), expected_q.float())
+    assert not x_q[5:].float().any() and (scale[5:] == MIN_SCALE).all()

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker_svc.models.fp8 import (FP8, dequantize_rows, emulated_fp8_linear, fp8_gemm_for, quantize_linear_weights,
-                                   quantize_rows, scaled_mm_fp8_linear, scaled_mm_rows)
+from worker_svc.models.fp8 import FP8, dequantize_rows, quantize_linear_weights, quantize_rows
+from worker_svc.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for, scaled_mm_fp8_linear, scaled_mm_rows
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_an_absmax_bound_caps_the_scales_and_saturates_what_lies_beyond(layer):
     assert torch.allclose(scale[above], torch.tensor(bound / 448.0))
     beyond = x[above].abs() >= bound
     assert beyond.any() and torch.equal(x_q[above].float()[beyond], 448.0 * x[above][beyond].sign())
-    torch.testing.assert_close(emulated_fp8_linear(x, *quantize_rows(torch.eye(256)), None, absmax_bound=bound),
+    torch.testing.assert_close(fp8_gemm_for(x.device, absmax_bound=bound)(x, *quantize_rows(torch.eye(256)), None),
                                dequantize_rows(x_q, scale, torch.float32), rtol=1e-6, atol=0)
 
 
@@ -89,7 +89,7 @@ def test_a_gemm_padded_for_cublas_returns_its_own_rows(device):
 
 
 def test_the_cpu_emulates_and_other_devices_without_fp8_fail_at_start():
-    assert fp8_gemm_for(torch.device("cpu")).func is emulated_fp8_linear
+    assert fp8_gemm_for(torch.device("cpu")) == emulated_fp8_linear
     with pytest.raises(RuntimeError, match="quantization fp8 needs FP8 GEMMs"):
         fp8_gemm_for(torch.device("meta"))
 

@@ -16,7 +16,8 @@ from tests.worker.stepping import prompt_logits
 from tests.worker.test_fp8_accuracy import TEXT
 from worker_svc.config import WorkerConfig
 from worker_svc.engine import WorkerEngine
-from worker_svc.models.fp8 import FP8, fp8_gemm_for, quantize_rows
+from worker_svc.models.fp8 import FP8, quantize_rows
+from worker_svc.models.fp8_gemm import fp8_gemm_for
 from worker_svc.models.fp8_checkpoint import checkpoint_quantization
 from worker_svc.models.shard_layout import ShardLayout
 from worker_svc.models.weights import load_checkpoint

@@ -3,7 +3,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8, Fp8Gemm, emulated_fp8_linear, to_fp8
+from worker_svc.models.fp8 import FP8, to_fp8
+from worker_svc.models.fp8_gemm import Fp8Gemm, emulated_fp8_linear
 
 
 class TorchOps:

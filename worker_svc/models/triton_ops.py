@@ -1,3 +1,6 @@
+from functools import partial
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -5,6 +8,7 @@ import kernels
 from kernels.fp8_quant import quantize_rows_fp8
 from worker_svc.models.attention_metadata import AttentionMetadata
 from worker_svc.models.fp8 import FP8
+from worker_svc.models.fp8_gemm import QuantizedRows
 from worker_svc.models.torch_ops import TorchOps
 
 
@@ -16,10 +20,17 @@ def _weight_scale(layer: nn.Module) -> torch.Tensor | None:
     return layer.weight_scale if layer.weight.dtype == FP8 else None
 
 
+class UngatedRows(NamedTuple):
+    """The MLP's [gate | up] projection rows, gated (silu(gate) * up) by the linear layer that reads them: straight
+    into its e4m3 activations when that layer is FP8."""
+    gate_up: torch.Tensor
+
+
 class TritonOps(TorchOps):
     """The GPU path: TorchOps' operator interface on the Triton kernels. Linear layers of one row (batch-1 decode)
     run as fused weight streams (kernels.fused_linear, which reads FP8 weights as they are stored); larger ones
-    compose the norm and gate kernels around cuBLAS (or the FP8 GEMM)."""
+    compose the norm and gate kernels around cuBLAS; around an FP8 GEMM, the norm and the gate quantize the
+    activations they produce themselves."""
 
     quantize_rows = staticmethod(quantize_rows_fp8)  # the FP8 GEMM's activations, as fp8.quantize_rows does
 
@@ -30,18 +41,39 @@ class TritonOps(TorchOps):
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
         return kernels.fused_add_rms_norm(x, residual, weight, eps)
 
-    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    def linear(self, x: torch.Tensor | UngatedRows, layer: nn.Module) -> torch.Tensor:
+        if isinstance(x, UngatedRows):
+            if layer.weight.dtype == FP8:
+                return self._fp8_product(kernels.silu_and_mul_fp8, x.gate_up, layer)[0]
+            x = self.silu_and_mul(x.gate_up)
         if _is_one_row(x):
             return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer))[0]
         return super().linear(x, layer)
 
     def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
-        if not _is_one_row(x):
+        if _is_one_row(x):
+            y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
+                                                   norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
+                                                   out_dtype=out_dtype)
+        elif layer.weight.dtype == FP8:
+            norm = partial(kernels.rms_norm_fp8, residual=residual, weight=norm_weight, eps=eps)
+            y, new_residual = self._fp8_product(norm, x, layer)
+            if gated:
+                y = UngatedRows(y)
+            elif out_dtype is not None:
+                y = y.to(out_dtype)
+        else:
             return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype)
-        y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
-                                               norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
-                                               out_dtype=out_dtype)
         return y, x if residual is None else new_residual
+
+    def _fp8_product(self, quantize, x: torch.Tensor, layer: nn.Module):
+        """(the layer's FP8 product of the e4m3 rows and scales that quantize(x, rows_out=, absmax_bound=) makes of
+        x, then whatever else quantize returns)."""
+        gemm = self.fp8_gemm
+        values, scales, *rest = quantize(x, rows_out=gemm.padded_rows(x.shape[0]), absmax_bound=gemm.absmax_bound)
+        y = gemm.product(QuantizedRows(values, scales, x.shape[0], x.dtype), layer.weight, layer.weight_scale,
+                         layer.bias)
+        return y, *rest
 
     @staticmethod
     def prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
