@@ -22,10 +22,14 @@ def _fp8_layer(out_features: int, in_features: int, device: torch.device) -> Fp8
     return layer
 
 
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @pytest.mark.parametrize("rows", [3, 400])  # 400 rows run padded to 512 where the GEMM pads
 @pytest.mark.parametrize("absmax_bound", [None, 0.25])
-def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(rows, absmax_bound):
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(device, rows, absmax_bound):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gemm = dataclasses.replace(fp8_gemm_for(device, quantize_rows_fp8, absmax_bound), padded_rows=scaled_mm_rows)
     ops = TritonOps(gemm)
@@ -44,11 +48,14 @@ def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(rows, absmax_bo
     assert out.dtype == dtype and torch.equal(out, expected)
 
 
-def test_an_unquantized_projection_reads_the_gate_unquantized():
-    """A down projection on a checkpoint's ignore list (nn.Linear) after an FP8 gate_up gets silu(gate) * up as it is."""
-    ops = TritonOps(fp8_gemm_for(torch.device("cpu"), quantize_rows_fp8))
-    gate_up, down = _fp8_layer(2 * INTERMEDIATE, HIDDEN, torch.device("cpu")), torch.nn.Linear(INTERMEDIATE, HIDDEN)
-    x = torch.randn(5, HIDDEN)
-    gated, _ = ops.norm_linear(x, None, torch.ones(HIDDEN), 1e-6, gate_up, gated=True)
+def test_an_unquantized_projection_reads_the_gate_unquantized(device):
+    """A down projection on a checkpoint's ignore list (nn.Linear) after an FP8 gate_up reads silu(gate) * up as
+    it is."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    ops = TritonOps(fp8_gemm_for(device, quantize_rows_fp8))
+    gate_up = _fp8_layer(2 * INTERMEDIATE, HIDDEN, device)
+    down = torch.nn.Linear(INTERMEDIATE, HIDDEN, device=device, dtype=dtype)
+    x = torch.randn(5, HIDDEN, device=device, dtype=dtype)
+    gated, _ = ops.norm_linear(x, None, torch.ones(HIDDEN, device=device, dtype=dtype), 1e-6, gate_up, gated=True)
     with torch.no_grad():
         assert torch.equal(ops.linear(gated, down), down(kernels.silu_and_mul(gated.gate_up)))
