@@ -1,10 +1,12 @@
 """Dynamic per-row FP8 quantization, the activations' half of an FP8 GEMM: each row of x becomes e4m3 with one
-float32 scale, its absolute maximum mapped to e4m3's largest value.
+float32 scale, its absolute maximum (clipped to a bound, where a checkpoint sets one) mapped to e4m3's largest value.
+row_scale and scaled_to_fp8 are that arithmetic for the kernels that quantize the rows they produce (the RMSNorm and
+the MLP's gate); this kernel quantizes the others (attention's output).
 
 One program per row: a pass that finds the row's absolute maximum, then a pass that divides by the scale, clamps to
 e4m3's range and stores (the second pass finds the row in the L2 cache). The torch composition of the same
 arithmetic (quantize_rows_fp8_ref) reads x once per operator and writes four float32 copies of it: about 47 bytes of
-traffic per element against the kernel's 3 (read 2, write 1), at every FP8 linear layer of every step.
+traffic per element against the kernel's 3 (read 2, write 1).
 The row's maximum is scaled by the reciprocal of e4m3's largest value and x is divided by the scale rounding to
 nearest, as torch's CUDA operators do, so the results agree bit for bit. Asked for more rows than x has, it writes
 the rows beyond as zeros with the smallest scale (a GEMM padded to a row count its library runs faster).
