@@ -1,18 +1,18 @@
-"""The Triton operators' FP8 layers of many rows: the norm before a projection and the MLP's gate quantize the
-activations they produce themselves, which must be what the unfused kernels give the FP8 GEMM (Triton's interpreter
-on the CPU, compiled on a GPU)."""
-import dataclasses
-
+"""The Triton operators' FP8 layers of many rows: on a GPU the norm before a projection and the MLP's gate quantize
+the activations they produce themselves, which must be what the unfused kernels give the FP8 GEMM; on the CPU, where
+Triton's interpreter rounds FP8 stores wrongly, the GEMM quantizes them with torch, as the torch operators do."""
 import pytest
 import torch
 
 import kernels
 from kernels.fp8_quant import quantize_rows_fp8
 from worker_svc.models.fp8 import Fp8Linear, quantize_rows
-from worker_svc.models.fp8_gemm import fp8_gemm_for, scaled_mm_rows
+from worker_svc.models.fp8_gemm import fp8_gemm_for
 from worker_svc.models.triton_ops import TritonOps, UngatedRows
 
 HIDDEN, INTERMEDIATE = 64, 96
+DEVICES = [pytest.param(torch.device("cpu"), id="cpu"), pytest.param(torch.device("cuda"), id="cuda",
+                                                                        marks=pytest.mark.gpu)]
 
 
 def _fp8_layer(out_features: int, in_features: int, device: torch.device) -> Fp8Linear:
@@ -22,40 +22,42 @@ def _fp8_layer(out_features: int, in_features: int, device: torch.device) -> Fp8
     return layer
 
 
-@pytest.fixture
-def device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-@pytest.mark.parametrize("rows", [3, 400])  # 400 rows run padded to 512 where the GEMM pads
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [3, 400])  # 400 rows run padded to 512 on a GPU
 @pytest.mark.parametrize("absmax_bound", [None, 0.25])
 def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(device, rows, absmax_bound):
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    gemm = dataclasses.replace(fp8_gemm_for(device, quantize_rows_fp8, absmax_bound), padded_rows=scaled_mm_rows)
-    ops = TritonOps(gemm)
+    torch.manual_seed(0)
+    gemm = fp8_gemm_for(device, quantize_rows_fp8, absmax_bound)
+    assert gemm.quantize is (quantize_rows_fp8 if device.type == "cuda" else quantize_rows)
     gate_up, down = _fp8_layer(2 * INTERMEDIATE, HIDDEN, device), _fp8_layer(HIDDEN, INTERMEDIATE, device)
-    x, residual = torch.randn(2, rows, HIDDEN, device=device, dtype=dtype)
-    norm_weight = torch.randn(HIDDEN, device=device, dtype=dtype)
-
+    x, residual = torch.randn(2, rows, HIDDEN, device=device, dtype=_dtype(device))
+    norm_weight = torch.randn(HIDDEN, device=device, dtype=_dtype(device))
+    ops = TritonOps(gemm)
     gated, new_residual = ops.norm_linear(x, residual, norm_weight, 1e-6, gate_up, gated=True)
-    assert isinstance(gated, UngatedRows)
+    assert isinstance(gated, UngatedRows) == (device.type == "cuda")
     out = ops.linear(gated, down)
-
     normed, expected_residual = kernels.fused_add_rms_norm(x, residual, norm_weight, 1e-6)
     expected = gemm(kernels.silu_and_mul(gemm(normed, gate_up.weight, gate_up.weight_scale, None)), down.weight,
                     down.weight_scale, None)
     assert torch.equal(new_residual, expected_residual)
-    assert out.dtype == dtype and torch.equal(out, expected)
+    assert out.dtype == x.dtype and torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_an_unquantized_projection_reads_the_gate_unquantized(device):
     """A down projection on a checkpoint's ignore list (nn.Linear) after an FP8 gate_up reads silu(gate) * up as
     it is."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     ops = TritonOps(fp8_gemm_for(device, quantize_rows_fp8))
     gate_up = _fp8_layer(2 * INTERMEDIATE, HIDDEN, device)
-    down = torch.nn.Linear(INTERMEDIATE, HIDDEN, device=device, dtype=dtype)
-    x = torch.randn(5, HIDDEN, device=device, dtype=dtype)
-    gated, _ = ops.norm_linear(x, None, torch.ones(HIDDEN, device=device, dtype=dtype), 1e-6, gate_up, gated=True)
+    down = torch.nn.Linear(INTERMEDIATE, HIDDEN, device=device, dtype=_dtype(device))
+    x = torch.randn(5, HIDDEN, device=device, dtype=_dtype(device))
+    ones = torch.ones(HIDDEN, device=device, dtype=_dtype(device))
+    gated, _ = ops.norm_linear(x, None, ones, 1e-6, gate_up, gated=True)
     with torch.no_grad():
-        assert torch.equal(ops.linear(gated, down), down(kernels.silu_and_mul(gated.gate_up)))
+        expected = down(kernels.silu_and_mul(ops.fp8_gemm(kernels.rms_norm(x, ones, 1e-6), gate_up.weight,
+                                                          gate_up.weight_scale, None)))
+        assert torch.equal(ops.linear(gated, down), expected)

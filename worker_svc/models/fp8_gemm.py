@@ -80,10 +80,11 @@ scaled_mm_fp8_linear = Fp8Gemm(scaled_mm_fp8_product, scaled_mm_rows)
 
 def fp8_gemm_for(device: torch.device, quantize: RowQuantizer = quantize_rows,
                  absmax_bound: float | None = None) -> Fp8Gemm:
-    """The FP8 GEMM of a device: emulated on the CPU, torch._scaled_mm on a GPU that has FP8, its activations
-    quantized by `quantize` (under absmax_bound); any other device fails here, at start."""
+    """The FP8 GEMM of a device: emulated on the CPU with torch's quantization, torch._scaled_mm on a GPU that has
+    FP8 with its activations quantized by `quantize` (a kernel: Triton's interpreter rounds FP8 stores wrongly, so
+    not on the CPU), both under absmax_bound; any other device fails here, at start."""
     if device.type == "cpu":
-        return dataclasses.replace(emulated_fp8_linear, quantize=quantize, absmax_bound=absmax_bound)
+        return dataclasses.replace(emulated_fp8_linear, absmax_bound=absmax_bound)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
         return dataclasses.replace(scaled_mm_fp8_linear, quantize=quantize, absmax_bound=absmax_bound)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type

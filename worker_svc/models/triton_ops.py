@@ -20,6 +20,10 @@ def _weight_scale(layer: nn.Module) -> torch.Tensor | None:
     return layer.weight_scale if layer.weight.dtype == FP8 else None
 
 
+def _quantizes_in_kernels(x: torch.Tensor, layer: nn.Module) -> bool:
+    return layer.weight.dtype == FP8 and x.is_cuda
+
+
 class UngatedRows(NamedTuple):
     """The MLP's [gate | up] projection rows, gated (silu(gate) * up) by the linear layer that reads them: straight
     into its e4m3 activations when that layer is FP8."""
@@ -29,8 +33,9 @@ class UngatedRows(NamedTuple):
 class TritonOps(TorchOps):
     """The GPU path: TorchOps' operator interface on the Triton kernels. Linear layers of one row (batch-1 decode)
     run as fused weight streams (kernels.fused_linear, which reads FP8 weights as they are stored); larger ones
-    compose the norm and gate kernels around cuBLAS; around an FP8 GEMM, the norm and the gate quantize the
-    activations they produce themselves."""
+    compose the norm and gate kernels around cuBLAS; around an FP8 GEMM on a GPU, the norm and the gate quantize the
+    activations they produce themselves (on the CPU, Triton's interpreter rounds FP8 stores wrongly, 7.85 to 4, so
+    torch quantizes them there)."""
 
     quantize_rows = staticmethod(quantize_rows_fp8)  # the FP8 GEMM's activations, as fp8.quantize_rows does
 
@@ -43,7 +48,7 @@ class TritonOps(TorchOps):
 
     def linear(self, x: torch.Tensor | UngatedRows, layer: nn.Module) -> torch.Tensor:
         if isinstance(x, UngatedRows):
-            if layer.weight.dtype == FP8:
+            if _quantizes_in_kernels(x.gate_up, layer):
                 return self._fp8_product(kernels.silu_and_mul_fp8, x.gate_up, layer)[0]
             x = self.silu_and_mul(x.gate_up)
         if _is_one_row(x):
@@ -55,7 +60,7 @@ class TritonOps(TorchOps):
             y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
                                                    norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
                                                    out_dtype=out_dtype)
-        elif layer.weight.dtype == FP8:
+        elif _quantizes_in_kernels(x, layer):
             norm = partial(kernels.rms_norm_fp8, residual=residual, weight=norm_weight, eps=eps)
             y, new_residual = self._fp8_product(norm, x, layer)
             if gated:
