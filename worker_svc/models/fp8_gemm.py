@@ -65,8 +65,12 @@ class Fp8Gemm:
     quantize: RowQuantizer = quantize_rows
     absmax_bound: float | None = None
 
+    def quantize_options(self, rows: int) -> dict:
+        """How `rows` rows of activations are quantized for this GEMM, here or by a kernel that produces them."""
+        return dict(rows_out=self.padded_rows(rows), absmax_bound=self.absmax_bound)
+
     def quantized(self, x: torch.Tensor) -> QuantizedRows:
-        values, scales = self.quantize(x, self.padded_rows(x.shape[0]), self.absmax_bound)
+        values, scales = self.quantize(x, **self.quantize_options(x.shape[0]))
         return QuantizedRows(values, scales, x.shape[0], x.dtype)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

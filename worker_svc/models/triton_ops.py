@@ -1,4 +1,3 @@
-from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -49,7 +48,8 @@ class TritonOps(TorchOps):
     def linear(self, x: torch.Tensor | UngatedRows, layer: nn.Module) -> torch.Tensor:
         if isinstance(x, UngatedRows):
             if _quantizes_in_kernels(x.gate_up, layer):
-                return self._fp8_product(kernels.silu_and_mul_fp8, x.gate_up, layer)[0]
+                options = self.fp8_gemm.quantize_options(x.gate_up.shape[0])
+                return self._fp8_product(*kernels.silu_and_mul_fp8(x.gate_up, **options), x.gate_up, layer)
             x = self.silu_and_mul(x.gate_up)
         if _is_one_row(x):
             return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer))[0]
@@ -61,8 +61,9 @@ class TritonOps(TorchOps):
                                                    norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
                                                    out_dtype=out_dtype)
         elif _quantizes_in_kernels(x, layer):
-            norm = partial(kernels.rms_norm_fp8, residual=residual, weight=norm_weight, eps=eps)
-            y, new_residual = self._fp8_product(norm, x, layer)
+            options = self.fp8_gemm.quantize_options(x.shape[0])
+            values, scales, new_residual = kernels.rms_norm_fp8(x, residual, norm_weight, eps, **options)
+            y = self._fp8_product(values, scales, x, layer)
             if gated:
                 y = UngatedRows(y)
             elif out_dtype is not None:
@@ -71,14 +72,10 @@ class TritonOps(TorchOps):
             return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype)
         return y, x if residual is None else new_residual
 
-    def _fp8_product(self, quantize, x: torch.Tensor, layer: nn.Module):
-        """(the layer's FP8 product of the e4m3 rows and scales that quantize(x, rows_out=, absmax_bound=) makes of
-        x, then whatever else quantize returns)."""
-        gemm = self.fp8_gemm
-        values, scales, *rest = quantize(x, rows_out=gemm.padded_rows(x.shape[0]), absmax_bound=gemm.absmax_bound)
-        y = gemm.product(QuantizedRows(values, scales, x.shape[0], x.dtype), layer.weight, layer.weight_scale,
-                         layer.bias)
-        return y, *rest
+    def _fp8_product(self, values: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, layer: nn.Module):
+        """The layer's FP8 product of x's rows, which a kernel quantized to values and scales."""
+        return self.fp8_gemm.product(QuantizedRows(values, scales, x.shape[0], x.dtype), layer.weight,
+                                     layer.weight_scale, layer.bias)
 
     @staticmethod
     def prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
