@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8
+from kernels.fp8_quant import (
+    MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8, whole_row_warps,
+)
 
 
 @triton.jit
@@ -31,21 +33,14 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D: tl.constexpr, BL
 @triton.jit
 def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, rows, stride_x, stride_o, min_scale, absmax_bound,
                              D: tl.constexpr, BLOCK: tl.constexpr):
-    """Program `row` gates one row twice: for its absolute maximum, then (from the L2 cache) to store it divided by
-    its scale in e4m3. A padding row (row >= rows) reads nothing and stores zeros with the smallest scale."""
+    """Program `row` gates one row held whole in registers (BLOCK >= D) and stores it divided by its scale in e4m3.
+    A padding row (row >= rows) reads nothing and stores zeros with the smallest scale."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    x_len = tl.where(row < rows, D, 0)
-    absmax = tl.zeros([BLOCK], tl.float32)
-    for c in range(0, D, BLOCK):
-        cols = c + tl.arange(0, BLOCK)
-        absmax = tl.maximum(absmax, tl.abs(_gated(x_row, cols, cols < x_len, D)))
-    scale = row_scale(tl.max(absmax, 0), absmax_bound, min_scale)
+    cols = tl.arange(0, BLOCK)
+    y = _gated(x_ptr + row * stride_x, cols, cols < tl.where(row < rows, D, 0), D)
+    scale = row_scale(tl.max(tl.abs(y), 0), absmax_bound, min_scale)
     tl.store(scale_ptr + row, scale)
-    for c in range(0, D, BLOCK):
-        cols = c + tl.arange(0, BLOCK)
-        y = _gated(x_row, cols, cols < x_len, D)
-        tl.store(out_ptr + row * stride_o + cols, scaled_to_fp8(y, scale, out_ptr), mask=cols < D)
+    tl.store(out_ptr + row * stride_o + cols, scaled_to_fp8(y, scale, out_ptr), mask=cols < D)
 
 
 def _gate_rows(x: torch.Tensor) -> torch.Tensor:
@@ -82,10 +77,10 @@ def silu_and_mul_fp8(x: torch.Tensor, rows_out: int | None = None,
     d = x.shape[-1] // 2
     out, scale = empty_quantized_rows(rows.shape[0], d, rows_out, x.device)
     if out.shape[0] and d:
-        # NOTE: as kernels.fp8_quant's row kernel: 1,024-column slices, 4 warps
+        block = triton.next_power_of_2(d)
         _silu_and_mul_fp8_kernel[(out.shape[0],)](
             rows, out, scale, rows.shape[0], rows.stride(0), out.stride(0), MIN_SCALE, bound_argument(absmax_bound),
-            D=d, BLOCK=min(1024, triton.next_power_of_2(d)), num_warps=4,
+            D=d, BLOCK=block, num_warps=whole_row_warps(block),
         )
     return out, scale
 

@@ -31,8 +31,8 @@ def test_realistic(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows_out, absmax_bound", [(None, None), (9, None), (6, 1.0)])
 def test_fp8_output_is_the_gate_then_the_row_quantization(device, dtype, rows_out, absmax_bound):
-    """Bit for bit what silu_and_mul's output gives quantize_rows_fp8, padding rows and the bound alike; d spans
-    several of the kernel's slices and ends inside one."""
+    """Bit for bit what silu_and_mul's output gives quantize_rows_fp8, padding rows and the bound alike; d is no
+    power of two, so the kernel masks the end of the row it holds."""
     x = (torch.randn(6, 2 * 2500, device=device) * 3).to(dtype)
     x_q, scale = silu_and_mul_fp8(x, rows_out, absmax_bound)
     expected_q, expected_scale = quantize_rows_fp8(silu_and_mul(x), rows_out, absmax_bound)
