@@ -147,8 +147,12 @@ def _launch_config(device: torch.device, kv_fp8: bool) -> dict:
     # An FP8 cache, read as words, moves half the bytes per tile: H100, CUDA graphs, 256 sequences of Llama-3.1-8B's
     # heads (32 q / 8 kv) with 1,000-2,000 tokens: BLOCK_N {64,128,256} x warps {4,8} at 2 stages take 308/461,
     # 295/379, 304/472 us, 128/4 at 3 stages 291 us (the bytes' loads: 349 us; a bf16 cache 537 us).
+    # Capped at 168 registers a thread, three programs fit an SM. The decode graphs' launch, which may group a
+    # verification's rows (ROWS > 1), took 184 and fitted two (H100, 400 sequences of 1,000-2,000 tokens at
+    # Llama-3.1-8B's heads: 506.3 us uncapped, 445.6 capped, 434.9 one row a program; Qwen3-0.6B's 256 of
+    # 100-1,500: 198.0, 174.1, 168.5).
     if kv_fp8:
-        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=128, num_warps=4, num_stages=3, maxnreg=168)
     return dict(BLOCK_N=64, num_warps=4, num_stages=2)
 
 
