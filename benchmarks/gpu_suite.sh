@@ -14,6 +14,8 @@
 #   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
 #   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
 #   fp8rows     Llama-3.1-8B's FP8 GEMMs by row count, as they are against padded (benchmarks/scaled_mm_rows.py)
+#   fp8kernels  Llama-3.1-8B's FP8 row kernels by row count, and decode attention over an FP8 cache as the decode
+#               graphs launch it against one row a program (benchmarks/fp8_kernels.py)
 #   fp8latency  Llama-3.1-8B batch 1, bf16 against FP8 weights with an FP8 KV cache, alternating
 #   fp8throughput  Llama-3.1-8B, 400 requests of 1,000 in / 1,000 out at once, bf16 against FP8 weights and KV cache
 #   fp8profile  the Llama-3.1-8B FP8 workload step by step, with torch.profiler windows (benchmarks/gpu_step_profile.py)
@@ -70,6 +72,7 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
       timeout 300 python3 benchmarks/kernel_linear.py "$OUT/linear_fp8.json" --fp8 --models Llama-3.1-8B 2>&1 \
         | grep -v Warning ;;
     fp8rows) timeout 300 python3 benchmarks/scaled_mm_rows.py "$OUT/scaled_mm_rows.json" 2>&1 | grep -v Warning ;;
+    fp8kernels) timeout 200 python3 -P benchmarks/fp8_kernels.py 2>&1 | grep -v Warning | tee "$OUT/fp8_kernels.md" ;;
     fp8latency)
       for flags in "" "$FP8" "" "$FP8"; do
         echo "-- latency ${flags:-bf16}"
