@@ -4,7 +4,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8
+from kernels.fp8_quant import (
+    MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8, whole_row_warps,
+)
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -86,9 +88,9 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         r_out_rows = new_residual.view(-1, hidden)
     if out_rows.shape[0]:
         block = triton.next_power_of_2(hidden)
-        # NOTE: warps grow with the row so each thread keeps <= 16 elements in registers (not swept; at hidden 1024
-        # x 4096 tokens on the H200 the fused kernel runs 5.9 us in a CUDA graph, benchmarks/kernel_timings.py).
-        num_warps = min(max(block // 512, 1), 16)
+        # NOTE: 1 to 16 warps (not swept; at hidden 1024 x 4096 tokens on the H200 the fused kernel runs 5.9 us in a
+        # CUDA graph, benchmarks/kernel_timings.py).
+        num_warps = whole_row_warps(block, fewest=1, most=16)
         _rms_norm_kernel[(out_rows.shape[0],)](
             x_rows, r_rows, weight, out_rows, r_out_rows, out_rows if scale is None else scale,
             num_rows, x_rows.stride(0), r_rows.stride(0), out_rows.stride(0), r_out_rows.stride(0),
