@@ -1,4 +1,6 @@
 """Runs a function on every rank of a real gloo process group, one spawned process per rank."""
+import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -23,3 +25,8 @@ def _rank_main(rank: int, world_size: int, address: str, function, args) -> None
         dist.barrier()  # the ranks leave together: none tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
+    # A rank that passed ends here, before the interpreter finalizes: a gloo thread that still holds a tensor then
+    # takes the GIL and aborts the process ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
