@@ -26,7 +26,7 @@ def _log_likelihood(logits: torch.Tensor, ids: list[int]) -> float:
 
 
 def test_logits_and_log_likelihood_stay_close(engines, hf_tokenizer):
-    """Measured: logit cosine mean 0.994, KL mean 0.027, log-likelihood 0.51% below the float model's."""
+    """Measured: logit cosine mean 0.995, KL mean 0.029, log-likelihood 0.29% below the float model's."""
     ids = hf_tokenizer(SCORED_PASSAGE.read_text()).input_ids
     exact, fp8 = (prompt_logits(engine, ids) for engine in engines)
     assert engines[1].model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
