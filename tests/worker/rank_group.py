@@ -25,8 +25,8 @@ def _rank_main(rank: int, world_size: int, address: str, function, args) -> None
         dist.barrier()  # the ranks leave together: none tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
-    # A rank that passed ends here, before the interpreter finalizes: a gloo thread that still holds a tensor then
-    # takes the GIL and aborts the process ("terminate called without an active exception").
+    # A rank that passed ends here, before the interpreter finalizes, where gloo's teardown aborted rank 0 at random
+    # ("terminate called without an active exception").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
