@@ -1,7 +1,8 @@
-"""Generates the gRPC code from protos/ into sluice/v1/ as part of every build, editable installs included."""
+"""Generates the gRPC code from protos/ into sluice/v1/ as part of every build, editable installs included, and
+installs the service folders as subpackages of `sluice` (router/ as sluice.router, and so on)."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
@@ -21,10 +22,22 @@ def generate_protos() -> None:
     (ROOT / "sluice" / "v1" / "__init__.py").touch()
 
 
+# Each service folder and the package it installs as; nothing installs a bare `router` or `kernels`.
+SUBPACKAGE_FOLDERS = {"sluice.router": "router", "sluice.scheduler": "scheduler_svc", "sluice.worker": "worker_svc",
+                      "sluice.kernels": "kernels"}
+
+
+def packages() -> list[str]:
+    found = find_packages(include=["sluice", "sluice.*"])
+    for package, folder in SUBPACKAGE_FOLDERS.items():
+        found += [package, *(f"{package}.{sub}" for sub in find_packages(folder))]
+    return found
+
+
 class BuildWithProtos(build_py):
     def run(self):
         generate_protos()
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithProtos})
+setup(packages=packages(), package_dir=SUBPACKAGE_FOLDERS, cmdclass={"build_py": BuildWithProtos})

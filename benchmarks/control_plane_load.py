@@ -23,6 +23,7 @@ from sluice.cli.bench.grpc_load import connections_for, run_load
 from sluice.cli.bench.process_cpu import ProcessCpu
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.launcher import ServeLayout, start_routers, stop_services, wait_until_routers_serve
+from sluice.cli.python_command import sluice_command
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
@@ -107,7 +108,7 @@ def main() -> None:
         return
     layout = ServeLayout.on_free_ports(router_processes=args.router_processes)
     worker, scheduler = layout.worker_addresses, layout.scheduler_address
-    cli = [sys.executable, "-m", "sluice.cli", "--log-level", "WARNING"]
+    cli = [*sluice_command(), "--log-level", "WARNING"]
     processes = {
         "worker": subprocess.Popen([sys.executable, __file__, "--serve-worker", worker, "--speed", str(args.speed)],
                                    stdout=subprocess.PIPE, text=True),

@@ -19,8 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 
 
 class HostTimedWorker:

@@ -3,11 +3,12 @@ fixed text (`--text`, by default tests/worker/scored_passage.txt: 453 tokens of 
 and KL divergence of its logits, and each decoder layer's output (the residual stream after it) over the text: its
 cosine similarity and relative error, printed as JSON. --what weights compares --quantization fp8 with auto, --what
 kv-cache --kv-cache-dtype fp8 with auto.
-Run from the repository root: PYTHONPATH=. python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
+Run from the repository root: .venv/bin/python benchmarks/fp8_accuracy.py [--what weights|kv-cache] [--model DIR]
 [--tokens 40] [--dtype float32]; with --load-format dummy (e.g. --model Qwen3-0.6B --dtype bfloat16 --device cuda)
 the prompts and the text are random token ids."""
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -15,11 +16,13 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from sluice.cli.model_store import default_model
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+
+sys.path.append(str(Path(__file__).parents[1]))  # the tests/ helpers, behind the installed packages
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 from tests.worker.stepping import prompt_logits, run_greedy
 from tests.worker.test_fp8_accuracy import SCORED_PASSAGE, _log_likelihood
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 
 def main() -> None:

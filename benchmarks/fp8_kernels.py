@@ -15,12 +15,12 @@ import torch
 import triton
 import triton.testing
 
-from kernels import fused_add_rms_norm, paged_decode_attention, rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
-from kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
-from kernels.kv_quant import KV_FP8
-from worker_svc.models.attention_metadata import rows_per_program
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.shapes import shape_config
+from sluice.kernels import fused_add_rms_norm, paged_decode_attention, rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
+from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
+from sluice.kernels.kv_quant import KV_FP8
+from sluice.worker.models.attention_metadata import rows_per_program
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.shapes import shape_config
 
 DTYPE = torch.bfloat16
 ROWS = (1, 64, 400, 2048, 8192)

@@ -12,9 +12,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sluice.cli.python_command import sluice_command
+
 
 def _bench(front: list[str], workload: list[str], out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "sluice.cli", "bench", "serve", *front, *workload, "--out", str(out)],
+    subprocess.run([*sluice_command(), "bench", "serve", *front, *workload, "--out", str(out)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())
 

@@ -13,11 +13,11 @@ import torch
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.dummy_weights import dummy_checkpoint
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.weights import to_worker_layout
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.dummy_weights import dummy_checkpoint
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.weights import to_worker_layout
 
 NUM_PROMPTS, NEW_TOKENS = 8, 32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a dry run of this script

@@ -19,8 +19,9 @@ from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+
 
 class TimedWorker:
     """Wraps WorkerEngine.launch and finish: records each step's kind, size and host times; profiles step windows."""

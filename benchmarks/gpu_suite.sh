@@ -24,10 +24,13 @@
 #               alternating
 #   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
 #               through two, alternating, the load from two client processes
+# Needs Sluice installed: `pip install -e .`, or on a machine without grpcio-tools the wheel that
+# `pip wheel --no-deps --no-build-isolation -w .whl .` builds here. PYTHONSAFEPATH keeps the checkout's folders
+# (router/, kernels/) off sys.path, where they would shadow the installed packages.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 DUMMY=(--load-format dummy --dtype bfloat16 --device cuda)
 FP8="--quantization fp8 --kv-cache-dtype fp8"
 serve_8b() {  # name, requests per second, number of requests, then `sluice serve` flags

@@ -10,11 +10,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from scheduler_svc.request import Request
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
+from sluice.scheduler.request import Request
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 
 
 def decode_step_ms(shape: str, batch: int, enforce_eager: bool, context: int = 512, steps: int = 50,

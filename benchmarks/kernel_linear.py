@@ -17,10 +17,10 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
-from kernels import fused_add_rms_norm, fused_linear, fused_linear_ref, silu_and_mul
-from kernels.fp8_quant import quantize_rows_fp8
-from worker_svc.models.fp8 import quantize_rows
-from worker_svc.models.fp8_gemm import scaled_mm_fp8_linear
+from sluice.kernels import fused_add_rms_norm, fused_linear, fused_linear_ref, silu_and_mul
+from sluice.kernels.fp8_quant import quantize_rows_fp8
+from sluice.worker.models.fp8 import quantize_rows
+from sluice.worker.models.fp8_gemm import scaled_mm_fp8_linear
 
 DTYPE = torch.bfloat16
 STREAMED_BYTES = 512 << 20  # weight bytes per timed call, several times the 60 MB L2

@@ -17,13 +17,12 @@ import torch
 import triton
 import triton.testing
 
-from kernels import (
-    fused_add_rms_norm, fused_add_rms_norm_ref, paged_decode_attention, paged_decode_attention_ref,
-    paged_prefill_attention, paged_prefill_attention_ref, prepare_qkv, prepare_qkv_ref, reshape_and_cache,
-    reshape_and_cache_ref, rms_norm, rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref,
-)
-from kernels.kv_quant import KV_FP8
-from worker_svc.models.rope import build_cos_sin_cache
+from sluice.kernels import (fused_add_rms_norm, fused_add_rms_norm_ref, paged_decode_attention,
+                            paged_decode_attention_ref, paged_prefill_attention, paged_prefill_attention_ref,
+                            prepare_qkv, prepare_qkv_ref, reshape_and_cache, reshape_and_cache_ref, rms_norm,
+                            rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref)
+from sluice.kernels.kv_quant import KV_FP8
+from sluice.worker.models.rope import build_cos_sin_cache
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 HIDDEN, INTERMEDIATE = 1024, 3072

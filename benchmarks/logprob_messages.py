@@ -7,13 +7,13 @@ import time
 
 import torch
 
-from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.updates_pb import step_update_to_pb
 from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_from_pb, outcome_to_pb
+from sluice.scheduler.outputs import RequestUpdate
+from sluice.scheduler.updates_pb import step_update_to_pb
 from sluice.v1 import scheduler_pb2, worker_pb2
-from worker_svc.sampling.token_logprobs import LogprobTensors
+from sluice.worker.sampling.token_logprobs import LogprobTensors
 
 VOCAB = 151_936
 

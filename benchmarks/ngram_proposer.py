@@ -6,9 +6,9 @@ import random
 import statistics
 import time
 
-from scheduler_svc.ngram_proposer import NgramProposer
-from scheduler_svc.request import Request
 from sluice.core.sampling_params import SamplingParams
+from sluice.scheduler.ngram_proposer import NgramProposer
+from sluice.scheduler.request import Request
 
 
 def bench(num_requests: int, context_len: int, num_steps: int, num_tokens: int, ngram_min: int,

@@ -3,7 +3,7 @@ of batch-1 and batched greedy steps, median of CUDA-graph replays: `python -P be
 import torch
 import triton.testing
 
-from kernels.row_max import row_max, row_max_ref
+from sluice.kernels.row_max import row_max, row_max_ref
 
 SHAPES = [(1, 128256), (1, 151936), (16, 128256), (64, 151936), (256, 151936)]
 

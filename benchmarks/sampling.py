@@ -10,9 +10,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.step import StepSampler
-from worker_svc.sampling.structured_output import GrammarMatchers
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.step import StepSampler
+from sluice.worker.sampling.structured_output import GrammarMatchers
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0.0),

@@ -4,11 +4,11 @@ import argparse
 import statistics
 import time
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request
-from scheduler_svc.scheduler import Scheduler
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepOutcome
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.request import Request
+from sluice.scheduler.scheduler import Scheduler
 
 
 def bench(num_requests: int, prompt_len: int, num_steps: int, block_size: int) -> dict[str, float]:

@@ -4,19 +4,19 @@ is modelled as base + per decode row + per prefill token. The defaults fit Llama
 `sluice serve` (16 req/s of 1,024 in / 256 out; BENCHMARKS.md, "Piecewise CUDA graphs"): at a 512-token budget it
 measured TTFT p50 / p90 / p99 71.9 / 121.4 / 185.6 ms and ITL p99 17.4 ms; this model, with three steps in flight as
 then, gives 69.8 / 121.9 / 184.1 and 16.8 ms.
-Run from the repository root: PYTHONPATH=. python benchmarks/serve_schedule.py [--budget 512 8192]
+Run from the repository root: .venv/bin/python benchmarks/serve_schedule.py [--budget 512 8192]
 [--steps-in-flight 2 3 auto]"""
 import argparse
 import random
 from collections import deque
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.pipeline_depth import PipelineDepth
-from scheduler_svc.request import Request
-from scheduler_svc.scheduler import Scheduler
 from sluice.cli.bench.report import RequestTrace, format_summary, summarize
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepOutcome, StepPlan
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.pipeline_depth import PipelineDepth
+from sluice.scheduler.request import Request
+from sluice.scheduler.scheduler import Scheduler
 
 
 class DeviceModel:

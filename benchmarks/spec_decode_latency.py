@@ -9,8 +9,8 @@ from pathlib import Path
 from sluice.cli.model_store import default_model
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 
 PARAGRAPH = ("The river rises in the northern hills, runs south through three market towns, and meets the sea at a "
              "wide, shallow bay where herons feed at low tide. In spring the water is brown with melted snow; by "

@@ -3,11 +3,15 @@ ahead against the fake worker of the scheduler tests (a token-level KV model, a 
 repeats a cycle), greedy. Prints, per number of requests, the engine steps to finish, tokens per step, proposals
 accepted, and the device's waits: outcomes after which no planned step was left to run (the device idles for the
 round trip to the scheduler).
-Run from the repository root: PYTHONPATH=. python benchmarks/spec_schedule.py [--num-requests 1 4 256]"""
+Run from the repository root: .venv/bin/python benchmarks/spec_schedule.py [--num-requests 1 4 256]"""
 import argparse
 import random
+import sys
+from pathlib import Path
 
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
+
+sys.path.append(str(Path(__file__).parents[1]))  # the tests/ helpers, behind the installed packages
 from tests.scheduler.sched_testkit import FakeWorker, cycling_model, make_request, make_scheduler, run_ahead
 
 

@@ -4,9 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import (
-    MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8, whole_row_warps,
-)
+from sluice.kernels.fp8_quant import (MIN_SCALE, bound_argument, empty_quantized_rows, row_scale, scaled_to_fp8,
+                                      whole_row_warps)
 
 
 @triton.jit

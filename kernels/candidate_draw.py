@@ -1,4 +1,4 @@
-"""The draw of a sampling step whose rows look at their most likely tokens only (worker_svc.sampling.ops.kept_tokens
+"""The draw of a sampling step whose rows look at their most likely tokens only (sluice.worker.sampling.ops.kept_tokens
 then drawn_tokens, the reference): top-k, then top-p over what top-k kept, then min-p, then the draw in token order at
 each row's uniform number, in one program per row instead of some thirty tensor operations.
 
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-_FIXED_POINT_ONE = tl.constexpr(2.0**40)  # worker_svc.sampling.ops.FIXED_POINT_BITS
+_FIXED_POINT_ONE = tl.constexpr(2.0**40)  # sluice.worker.sampling.ops.FIXED_POINT_BITS
 _CHUNK = 16  # the other candidates compared at once
 
 

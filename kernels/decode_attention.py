@@ -5,9 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dependent_launch import dependent_launch, wait_for_inputs
-from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
-from kernels.prefill_attention import paged_prefill_attention_ref
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
+from sluice.kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
 # NOTE: split until the grid has PROGRAMS_PER_SM programs per SM, with at least MIN_TOKENS_PER_SPLIT context tokens

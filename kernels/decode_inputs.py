@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 
 BLOCK_ROWS = 256
 

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.activation import silu_and_mul_ref
-from kernels.dependent_launch import dependent_launch, wait_for_inputs
-from kernels.rms_norm import rms_norm_ref
+from sluice.kernels.activation import silu_and_mul_ref
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.rms_norm import rms_norm_ref
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 exp(logit - that), how many logits exceed the row's chosen one, and its num_top largest logits with their token ids.
 A second kernel, one program per row, reduces the chunks to the row's normaliser, the chosen token's rank and the
 row's top tokens over a few hundred candidates, where torch.logsumexp, a comparison over the row and torch.topk each
-read the whole row (the top-k in several passes). Reference: worker_svc.sampling.token_logprobs, which the CPU
+read the whole row (the top-k in several passes). Reference: sluice.worker.sampling.token_logprobs, which the CPU
 runs."""
 import torch
 import triton

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import check_kv_scales, load_scale
+from sluice.kernels.kv_quant import check_kv_scales, load_scale
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -5,8 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import from_cache_element_ref
-from kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
+from sluice.kernels.kv_quant import from_cache_element_ref
+from sluice.kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])  # they change every step: compile once

@@ -3,11 +3,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dependent_launch import dependent_launch, wait_for_inputs
-from kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
-from kernels.reshape_and_cache import reshape_and_cache_ref
-from kernels.rms_norm import NORM_DTYPES, rms_norm_ref
-from kernels.rotary_embedding import rotary_embedding_ref
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
+from sluice.kernels.reshape_and_cache import reshape_and_cache_ref
+from sluice.kernels.rms_norm import NORM_DTYPES, rms_norm_ref
+from sluice.kernels.rotary_embedding import rotary_embedding_ref
 
 
 @triton.jit

@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element, to_cache_element_ref
+from sluice.kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element, to_cache_element_ref
 
 
 @triton.jit

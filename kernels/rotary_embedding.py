@@ -1,4 +1,4 @@
-"""Rotary position embedding, NeoX / Llama "rotate_half" style, over a cos/sin table (worker_svc.models.rope)."""
+"""Rotary position embedding, NeoX / Llama "rotate_half" style, over a cos/sin table (sluice.worker.models.rope)."""
 import torch
 import triton
 import triton.language as tl

@@ -1,5 +1,5 @@
 """Counter-based uniform numbers for seeded sampling, one program per block of rows: the "lowbias32" integer hash of
-(seed, output position), as worker_svc.sampling.seeded_random computes it in some eighty tensor operations, here in one
+(seed, output position), as sluice.worker.sampling.seeded_random computes it in some eighty tensor operations, here in one
 launch. Every operation is exact unsigned integer arithmetic, so the numbers are bit-identical to the torch path's."""
 import torch
 import triton

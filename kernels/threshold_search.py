@@ -1,4 +1,4 @@
-"""worker_svc.sampling.threshold.threshold_key (the reference) on a GPU, one program per row and no atomics: the
+"""sluice.worker.sampling.threshold.threshold_key (the reference) on a GPU, one program per row and no atomics: the
 smallest key t whose larger keys weigh less than the limit, found four bits at a time. Each of eight passes over
 the row weighs the keys above 15 evenly spaced pivots of the range left and keeps the sixteenth of it where the
 weight above falls under the limit; a ninth pass weighs the keys above t and those equal to it. Weights are integers,

@@ -1,13 +1,13 @@
 """The draw at a uniform number from integer weights: the first index whose cumulative weight exceeds the uniform's
-share of the row's total, the index that worker_svc.sampling.ops.draw (the reference) finds from slices' sums and one
+share of the row's total, the index that sluice.worker.sampling.ops.draw (the reference) finds from slices' sums and one
 slice. Two launches instead of twenty: one program per chunk of a row sums the chunk, then one program per row picks
 the chunk where the cumulative weight crosses and scans that chunk alone. Integer sums are exact, so both find the
 same index.
 
 tempered_draw reads processed logits and makes their fixed-point weights as it reads them, as
-worker_svc.sampling.ops.sampling_weights does without filters (temperature, exp less the row's largest, fixed point),
+sluice.worker.sampling.ops.sampling_weights does without filters (temperature, exp less the row's largest, fixed point),
 where torch would write and read the row five times over. nucleus_draw also keeps, as it reads, what the filters
-over the whole vocabulary keep once the threshold searches are done (worker_svc.sampling.ops._kept_in_token_order,
+over the whole vocabulary keep once the threshold searches are done (sluice.worker.sampling.ops._kept_in_token_order,
 in about a dozen full-vocabulary operations): top-p the keys above its threshold key and, of those equal to it, the
 first ones in token order that still fit under its mass limit; min-p the tokens at least min_p times as likely as
 the likeliest. Keys equal to the threshold key come from equal logits, so they weigh the same: a chunk's share of them
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 _CHUNK = 2048  # weights a program sums
-_FIXED_POINT_ONE = tl.constexpr(2.0**40)  # worker_svc.sampling.ops.FIXED_POINT_BITS
+_FIXED_POINT_ONE = tl.constexpr(2.0**40)  # sluice.worker.sampling.ops.FIXED_POINT_BITS
 
 
 @triton.jit

@@ -4,12 +4,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from router.request_telemetry import RequestTelemetry
-from router.sample_stops import SampleStops
-from router.scheduler_messages import Failed, Finished, Submission, Tokens
-from router.scheduler_pool import SchedulerPool
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
+from sluice.router.request_telemetry import RequestTelemetry
+from sluice.router.sample_stops import SampleStops
+from sluice.router.scheduler_messages import Failed, Finished, Submission, Tokens
+from sluice.router.scheduler_pool import SchedulerPool
 
 
 class Sample(Protocol):

@@ -2,14 +2,14 @@
 and one Complete message."""
 from collections.abc import Callable
 
-from router.generation_flow import GenerationOutput
-from router.request_telemetry import Timings
-from router.sample_stops import SampleStops
-from router.scheduler_messages import Finished, Tokens
 from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs import Logprobs
 from sluice.core.logprobs_pb import logprobs_to_pb
 from sluice.core.sampling_params import SamplingParams
+from sluice.router.generation_flow import GenerationOutput
+from sluice.router.request_telemetry import Timings
+from sluice.router.sample_stops import SampleStops
+from sluice.router.scheduler_messages import Finished, Tokens
 from sluice.v1 import generation_pb2 as pb
 
 

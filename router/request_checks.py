@@ -1,7 +1,7 @@
 """The checks every public API runs on a generation before it is submitted (router/validation.py's ranges, against
 the served model and the tokenizer), whichever protocol it came in."""
-from router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
 from sluice.core.sampling_params import SamplingParams
+from sluice.router.validation import check_bad_words_token_ids, truncate_prompt, validate_prompt, validate_sampling
 
 
 class RequestChecks:

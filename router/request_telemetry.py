@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from router.metrics import RouterMetrics
-from router.scheduler_messages import Event, Finished
 from sluice.core.sampling_params import SamplingParams
+from sluice.router.metrics import RouterMetrics
+from sluice.router.scheduler_messages import Event, Finished
 from sluice.serving.tracing import carrier_of
 
 _OPERATIONS = {"chat": "chat"}  # every other input is a plain completion

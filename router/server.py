@@ -5,12 +5,12 @@ from pathlib import Path
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from router.metrics import RouterMetrics
-from router.request_telemetry import RouterTelemetry
-from router.scheduler_pool import SchedulerPool
-from router.servicer import GenerationServicer
-from router.tokenizer import RouterTokenizer, TokenIdsOnly
-from router.vllm_servicer import VllmEngineServicer
+from sluice.router.metrics import RouterMetrics
+from sluice.router.request_telemetry import RouterTelemetry
+from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.servicer import GenerationServicer
+from sluice.router.tokenizer import RouterTokenizer, TokenIdsOnly
+from sluice.router.vllm_servicer import VllmEngineServicer
 from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 from sluice.serving.operations import Operations
 from sluice.serving.readiness import wait_until_serving

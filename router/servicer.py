@@ -1,17 +1,17 @@
 import asyncio
 import uuid
 
-from router.generation_flow import deadline_unix_seconds, stream_generation
-from router.generation_output import generation_output
-from router.request_checks import RequestChecks
-from router.request_telemetry import RouterTelemetry
-from router.scheduler_messages import Submission
-from router.scheduler_pool import SchedulerPool
-from router.tokenizer import RouterTokenizer
-from router.validation import validate_chat_roles
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
 from sluice.core.sampling_params_pb import sampling_params_from_pb
+from sluice.router.generation_flow import deadline_unix_seconds, stream_generation
+from sluice.router.generation_output import generation_output
+from sluice.router.request_checks import RequestChecks
+from sluice.router.request_telemetry import RouterTelemetry
+from sluice.router.scheduler_messages import Submission
+from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.tokenizer import RouterTokenizer
+from sluice.router.validation import validate_chat_roles
 from sluice.v1 import generation_pb2 as pb
 from sluice.v1 import generation_pb2_grpc
 

@@ -3,12 +3,12 @@ a chunk of new token ids at a time and one GenerateComplete per sample with its 
 stop; unstreamed: one GenerateComplete per sample with all its token ids and logprobs."""
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
-from router.generation_flow import GenerationOutput
-from router.sample_stops import SampleStops
-from router.scheduler_messages import Finished, Tokens, joined_logprobs
 from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 from sluice.core.sampling_params import SamplingParams
+from sluice.router.generation_flow import GenerationOutput
+from sluice.router.sample_stops import SampleStops
+from sluice.router.scheduler_messages import Finished, Tokens, joined_logprobs
 
 
 def vllm_generation_output(params: SamplingParams, tokenizer, prompt_token_ids: list[int],

@@ -1,8 +1,8 @@
 """Checks a request must pass before it may wait: valid for this model, able to fit the pool, room in the queue."""
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request
-from scheduler_svc.request_queue import WaitingQueue
 from sluice.core.errors import InvalidArgument, ResourceExhausted
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.request import Request
+from sluice.scheduler.request_queue import WaitingQueue
 
 
 def validate_request(request: Request, config: SchedulerConfig) -> None:

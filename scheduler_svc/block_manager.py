@@ -2,10 +2,10 @@
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from scheduler_svc.block_pool import BlockPool, KVBlock
-from scheduler_svc.kv_events import BlocksStored, KvEvent, KvEventRecorder
-from scheduler_svc.prefix_hash import BlockHash, extend_block_hashes
-from scheduler_svc.request import Request
+from sluice.scheduler.block_pool import BlockPool, KVBlock
+from sluice.scheduler.kv_events import BlocksStored, KvEvent, KvEventRecorder
+from sluice.scheduler.prefix_hash import BlockHash, extend_block_hashes
+from sluice.scheduler.request import Request
 
 
 class PrefixHit(NamedTuple):

@@ -3,18 +3,18 @@ import logging
 import time
 from collections import deque
 
-from scheduler_svc.kv_event_log import KvEventLog
-from scheduler_svc.outbox import Outbox
-from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.request import Request
-from scheduler_svc.request_telemetry import SchedulerTelemetry
-from scheduler_svc.router_sessions import RouterSessions
-from scheduler_svc.pipeline_depth import PipelineDepth
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.worker_group import WorkerGroup
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.step_plan import StepPlan
+from sluice.scheduler.kv_event_log import KvEventLog
+from sluice.scheduler.outbox import Outbox
+from sluice.scheduler.outputs import RequestUpdate
+from sluice.scheduler.pipeline_depth import PipelineDepth
+from sluice.scheduler.request import Request
+from sluice.scheduler.request_telemetry import SchedulerTelemetry
+from sluice.scheduler.router_sessions import RouterSessions
+from sluice.scheduler.scheduler import Scheduler
+from sluice.scheduler.worker_group import WorkerGroup
 
 log = logging.getLogger("sluice.scheduler")
 _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines

@@ -6,8 +6,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from scheduler_svc.kv_events import KvEvent
 from sluice.core.errors import DataLoss, OutOfRange
+from sluice.scheduler.kv_events import KvEvent
 
 DEFAULT_HISTORY_BATCHES = 4096
 

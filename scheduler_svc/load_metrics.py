@@ -3,7 +3,7 @@ read when Prometheus scrapes instead of written on every engine step."""
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from scheduler_svc.scheduler import Scheduler
+from sluice.scheduler.scheduler import Scheduler
 
 _USAGE = "Fraction of KV blocks in use (1 = full)."
 

@@ -5,7 +5,7 @@ Each request's tokens are kept as packed int32 bytes, extended by the tokens add
 lookup is one bytes.rfind in C per n rather than a Python loop over the tokens."""
 from array import array
 
-from scheduler_svc.request import Request
+from sluice.scheduler.request import Request
 
 _TOKEN_BYTES = array("i").itemsize
 

@@ -3,7 +3,7 @@ fork its KV (full blocks shared, the partial last block copied) and all n comput
 on their own from there."""
 from dataclasses import replace
 
-from scheduler_svc.request import Request, RequestStatus
+from sluice.scheduler.request import Request, RequestStatus
 
 
 def sample_request_id(request_id: str, index: int) -> str:

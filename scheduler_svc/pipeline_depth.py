@@ -1,4 +1,4 @@
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
 
 SHORT_STEP_SECONDS = 0.003  # below this the wire's and the worker's share of a turnaround, unseen here, matters
 HOST_SHARE_OF_STEP = 0.25  # a scheduler turnaround above this share of a step keeps the deeper pipeline

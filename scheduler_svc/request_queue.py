@@ -3,7 +3,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from scheduler_svc.request import Request
+from sluice.scheduler.request import Request
 
 
 def policy_key(policy: str) -> Callable[[Request], tuple]:

@@ -5,11 +5,11 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.request import Request
-from scheduler_svc.scheduler import Scheduler
 from sluice.core.step_plan import StepPlan
+from sluice.scheduler.metrics import SchedulerMetrics
+from sluice.scheduler.outputs import RequestUpdate
+from sluice.scheduler.request import Request
+from sluice.scheduler.scheduler import Scheduler
 from sluice.serving.tracing import carrier_of, context_of
 
 

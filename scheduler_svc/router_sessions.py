@@ -1,10 +1,10 @@
 from collections import defaultdict
 from collections.abc import Iterable
 
-from scheduler_svc.outbox import Outbox
-from scheduler_svc.outputs import RequestUpdate
-from scheduler_svc.updates_pb import step_update_to_pb
 from sluice.core.errors import SluiceError
+from sluice.scheduler.outbox import Outbox
+from sluice.scheduler.outputs import RequestUpdate
+from sluice.scheduler.updates_pb import step_update_to_pb
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import scheduler_pb2 as pb
 

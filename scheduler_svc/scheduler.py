@@ -5,19 +5,19 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from scheduler_svc.admission import check_queue_room, validate_request
-from scheduler_svc.block_manager import NO_PREFIX_HIT, BlockManager
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
-from scheduler_svc.parallel_sampling import SampleGroups, split_samples
-from scheduler_svc.request import Request, RequestStatus
-from scheduler_svc.request_queue import WaitingQueue, policy_key
-from scheduler_svc.speculation import SpecDecodeStats, Speculation
-from scheduler_svc.stop_check import check_stop
 from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
+from sluice.scheduler.admission import check_queue_room, validate_request
+from sluice.scheduler.block_manager import NO_PREFIX_HIT, BlockManager
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
+from sluice.scheduler.parallel_sampling import SampleGroups, split_samples
+from sluice.scheduler.request import Request, RequestStatus
+from sluice.scheduler.request_queue import WaitingQueue, policy_key
+from sluice.scheduler.speculation import SpecDecodeStats, Speculation
+from sluice.scheduler.stop_check import check_stop
 
 RUNNING = RequestStatus.RUNNING
 MAX_STEPS_IN_FLIGHT = 3  # the step running on the worker and two queued behind it

@@ -3,18 +3,18 @@ import contextlib
 import dataclasses
 import logging
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_loop import EngineLoop
-from scheduler_svc.kv_event_log import KvEventLog
-from scheduler_svc.load_metrics import SchedulerLoadCollector
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request_telemetry import SchedulerTelemetry
-from scheduler_svc.router_sessions import RouterSessions
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.servicer import SchedulerServicer
-from scheduler_svc.worker_client import WorkerClient
-from scheduler_svc.worker_group import WorkerGroup
-from scheduler_svc.worker_supervisor import WorkerSupervisor
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.engine_loop import EngineLoop
+from sluice.scheduler.kv_event_log import KvEventLog
+from sluice.scheduler.load_metrics import SchedulerLoadCollector
+from sluice.scheduler.metrics import SchedulerMetrics
+from sluice.scheduler.request_telemetry import SchedulerTelemetry
+from sluice.scheduler.router_sessions import RouterSessions
+from sluice.scheduler.scheduler import Scheduler
+from sluice.scheduler.servicer import SchedulerServicer
+from sluice.scheduler.worker_client import WorkerClient
+from sluice.scheduler.worker_group import WorkerGroup
+from sluice.scheduler.worker_supervisor import WorkerSupervisor
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2

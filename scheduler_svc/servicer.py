@@ -1,13 +1,13 @@
 import asyncio
 
-from scheduler_svc.engine_loop import EngineLoop
-from scheduler_svc.kv_events_pb import kv_event_batch_to_pb
-from scheduler_svc.outbox import Outbox
-from scheduler_svc.router_sessions import RouterSessions
-from scheduler_svc.updates_pb import load_to_pb, request_from_pb
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb
+from sluice.scheduler.engine_loop import EngineLoop
+from sluice.scheduler.kv_events_pb import kv_event_batch_to_pb
+from sluice.scheduler.outbox import Outbox
+from sluice.scheduler.router_sessions import RouterSessions
+from sluice.scheduler.updates_pb import load_to_pb, request_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 

@@ -15,9 +15,9 @@ A step carries proposals only while its rows (one per request, one per proposed 
 a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.ngram_proposer import NgramProposer
-from scheduler_svc.request import Request
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.ngram_proposer import NgramProposer
+from sluice.scheduler.request import Request
 
 
 @dataclass(slots=True)

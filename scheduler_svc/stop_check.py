@@ -1,5 +1,5 @@
-from scheduler_svc.request import Request
 from sluice.core.finish_reason import FinishReason
+from sluice.scheduler.request import Request
 
 
 def check_stop(request: Request, eos_token_ids: frozenset[int], max_model_len: int) -> FinishReason | None:

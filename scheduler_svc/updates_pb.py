@@ -1,13 +1,13 @@
 """Router-facing messages (scheduler.proto) to and from the scheduler's domain types."""
 import time
 
-from scheduler_svc.outputs import LoadSnapshot, RequestUpdate
-from scheduler_svc.request import Request
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.logprobs_pb import logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
+from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
+from sluice.scheduler.request import Request
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2
 

@@ -1,8 +1,8 @@
 import asyncio
 
-from scheduler_svc.worker_client import WorkerClient
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.core.step_plan_pb import plan_to_pb
+from sluice.scheduler.worker_client import WorkerClient
 
 
 class WorkerGroup:

@@ -2,9 +2,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from scheduler_svc.engine_loop import EngineLoop
-from scheduler_svc.worker_group import WorkerGroup
 from sluice.core.errors import Unavailable
+from sluice.scheduler.engine_loop import EngineLoop
+from sluice.scheduler.worker_group import WorkerGroup
 
 log = logging.getLogger("sluice.scheduler")
 _RETRY_SECONDS = 1.0  # after a worker that served failed to set up again

@@ -5,31 +5,31 @@ from pathlib import Path
 import torch
 
 from sluice.core.step_plan import StepOutcome, StepPlan
-from worker_svc.config import WorkerConfig
-from worker_svc.models.decoder import DecoderLM
-from worker_svc.models.dummy_weights import dummy_checkpoint
-from worker_svc.models.fp8 import FP8, keep_stored_precision, quantize_linear_weights
-from worker_svc.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
-from worker_svc.models.kv_scales import with_kv_scales
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.registry import traits_for
-from worker_svc.models.rope import build_cos_sin_cache
-from worker_svc.models.shard_layout import ShardLayout
-from worker_svc.models.tensor_parallel import TensorParallelDecoderLM
-from worker_svc.models.torch_ops import TorchOps
-from worker_svc.models.weights import load_checkpoint, to_worker_layout
-from worker_svc.parallel.group import TensorParallelGroup
-from worker_svc.runner.decode_graphs import DecodeGraphs
-from worker_svc.runner.draft_proposer import DraftProposer
-from worker_svc.runner.forward_pass import ForwardPass
-from worker_svc.runner.kv_cache import allocate_kv_cache, bytes_per_block
-from worker_svc.runner.memory_profile import profile_kv_cache_bytes
-from worker_svc.runner.model_runner import LaunchedStep, ModelRunner
-from worker_svc.runner.piecewise_graphs import PiecewiseGraphs
-from worker_svc.runner.rank_samplers import DriverSampler, FollowerSampler
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.step import StepSampler
-from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
+from sluice.worker.config import WorkerConfig
+from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.dummy_weights import dummy_checkpoint
+from sluice.worker.models.fp8 import FP8, keep_stored_precision, quantize_linear_weights
+from sluice.worker.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
+from sluice.worker.models.kv_scales import with_kv_scales
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.registry import traits_for
+from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
+from sluice.worker.models.torch_ops import TorchOps
+from sluice.worker.models.weights import load_checkpoint, to_worker_layout
+from sluice.worker.parallel.group import TensorParallelGroup
+from sluice.worker.runner.decode_graphs import DecodeGraphs
+from sluice.worker.runner.draft_proposer import DraftProposer
+from sluice.worker.runner.forward_pass import ForwardPass
+from sluice.worker.runner.kv_cache import allocate_kv_cache, bytes_per_block
+from sluice.worker.runner.memory_profile import profile_kv_cache_bytes
+from sluice.worker.runner.model_runner import LaunchedStep, ModelRunner
+from sluice.worker.runner.piecewise_graphs import PiecewiseGraphs
+from sluice.worker.runner.rank_samplers import DriverSampler, FollowerSampler
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.step import StepSampler
+from sluice.worker.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 
 class WorkerEngine:
@@ -216,7 +216,7 @@ def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     if not config.uses_triton:
         return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
     try:
-        from worker_svc.models.triton_ops import TritonOps
+        from sluice.worker.models.triton_ops import TritonOps
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error

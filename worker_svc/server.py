@@ -8,11 +8,11 @@ import torch
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
 from sluice.v1 import worker_pb2, worker_pb2_grpc
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.parallel.group import TensorParallelGroup, join_group
-from worker_svc.servicer import WorkerServicer
-from worker_svc.step_telemetry import WorkerMetrics, WorkerStepTelemetry
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.parallel.group import TensorParallelGroup, join_group
+from sluice.worker.servicer import WorkerServicer
+from sluice.worker.step_telemetry import WorkerMetrics, WorkerStepTelemetry
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 log = logging.getLogger("sluice.worker")

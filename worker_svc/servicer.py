@@ -6,8 +6,8 @@ from pathlib import Path
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
-from worker_svc.engine import WorkerEngine
-from worker_svc.step_telemetry import WorkerStepTelemetry
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.step_telemetry import WorkerStepTelemetry
 
 log = logging.getLogger("sluice.worker")
 

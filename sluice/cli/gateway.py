@@ -3,12 +3,13 @@ Anthropic APIs over HTTP and vLLM's engine protocol to the router."""
 import importlib.util
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from sluice.cli.python_command import python_command
 
 _POLL_SECONDS = 0.2
 MISSING = "--openai-port needs smg, the gateway: pip install 'sluice[gateway]'"
@@ -30,7 +31,7 @@ def gateway_command(layout: GatewayLayout, router_addresses: list[str], model_pa
     """smg's command line; SystemExit naming the extra to install where smg is missing."""
     if importlib.util.find_spec("smg") is None:
         raise SystemExit(MISSING)
-    return [sys.executable, "-m", "smg", "launch", "--backend", "vllm",
+    return [*python_command("-m", "smg", "launch"), "--backend", "vllm",
             "--worker-urls", *(f"grpc://{address}" for address in router_addresses),
             "--model-path", str(model_path), "--host", layout.host, "--port", str(layout.port),
             "--prometheus-host", layout.host, "--prometheus-port", str(layout.metrics_port), *extra_args]

@@ -5,7 +5,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sluice.cli.python_command import sluice_command
 
 log = logging.getLogger("sluice.serve")
 _POLL_SECONDS = 0.2
@@ -138,11 +139,10 @@ def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: 
                    router_args: list[list[str]], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """Worker, scheduler, then the routers (start_routers). env: the services' environment (default: this
     process's)."""
-    command = [sys.executable, "-m", "sluice.cli"]
     return [
-        subprocess.Popen([*command, "worker", "--listen", layout.worker_addresses, *worker_args], env=env),
-        subprocess.Popen([*command, "scheduler", "--listen", layout.scheduler_address,
-                          "--worker", layout.worker_addresses, *scheduler_args], env=env),
+        subprocess.Popen(sluice_command("worker", "--listen", layout.worker_addresses, *worker_args), env=env),
+        subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address,
+                                        "--worker", layout.worker_addresses, *scheduler_args), env=env),
         *start_routers(layout, router_args, env),
     ]
 
@@ -153,7 +153,7 @@ def start_routers(layout: ServeLayout, router_args: list[list[str]],
     if len(router_args) != layout.router_processes:
         raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
     share_port = ["--share-port"] if layout.router_processes > 1 else []
-    return [subprocess.Popen([sys.executable, "-m", "sluice.cli", "router", "--listen", listen, *share_port,
+    return [subprocess.Popen([*sluice_command("router"), "--listen", listen, *share_port,
                               "--scheduler", layout.scheduler_address, *args], env=env)
             for listen, args in zip(layout.router_listens, router_args)]
 

@@ -12,10 +12,10 @@ from sluice.cli.bench.commands import add_bench_commands
 from sluice.cli.generate_command import add_generate_command
 from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
-                                     operations_flags, operations_from)
+                                         operations_flags, operations_from)
 from sluice.cli.service_flags import (add_router_limit_options, add_router_process_options, add_scheduler_options,
-                                     add_worker_options, router_limit_flags, scheduler_flags, worker_config_options,
-                                     worker_flags)
+                                      add_worker_options, router_limit_flags, scheduler_flags, worker_config_options,
+                                      worker_flags)
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
 
@@ -116,8 +116,8 @@ def _add_worker(commands) -> None:
 
 def _worker(args) -> None:
     from sluice.cli.rank_group import rank_device, run_rank_group
-    from worker_svc.config import WorkerConfig
-    from worker_svc.server import serve
+    from sluice.worker.config import WorkerConfig
+    from sluice.worker.server import serve
 
     if args.tensor_parallel_size > 1 and args.rank is None:
         sys.exit(run_rank_group(args, operations_flags))
@@ -141,7 +141,7 @@ def _add_scheduler(commands) -> None:
 
 
 def _scheduler(args) -> None:
-    from scheduler_svc.server import serve
+    from sluice.scheduler.server import serve
 
     _run_service(args, lambda operations: serve(
         args.worker.split(","), args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
@@ -170,7 +170,7 @@ def _add_router(commands) -> None:
 
 
 def _router(args) -> None:
-    from router.server import serve
+    from sluice.router.server import serve
 
     tokenizer = None if args.no_tokenizer else args.model or default_model()
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))

@@ -5,13 +5,13 @@ Used by `sluice bench --in-process` and by GPU checks, so the cost of the servic
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepPlan
-from worker_svc.engine import WorkerEngine
-from worker_svc.runner.model_runner import LaunchedStep
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.request import Request
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.runner.model_runner import LaunchedStep
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ import sys
 import time
 
 from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.python_command import sluice_command
 from sluice.cli.service_flags import worker_flags
 
 log = logging.getLogger("sluice.worker")
@@ -44,7 +45,7 @@ def run_rank_group(args, operations_flags) -> int:
     args.model = args.model or default_model()
     init_address = f"127.0.0.1:{free_port()}"
     processes = [
-        subprocess.Popen([sys.executable, "-m", "sluice.cli", "--log-level", str(args.log_level), "worker",
+        subprocess.Popen([*sluice_command("--log-level", str(args.log_level), "worker"),
                           "--listen", address, "--rank", str(rank), "--dist-init-address", init_address,
                           *worker_flags(args), "--device", _group_device(args.device, rank),
                           *operations_flags(args, metrics_port_offset=rank)])

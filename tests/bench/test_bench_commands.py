@@ -9,13 +9,14 @@ import pytest
 
 from sluice.cli.bench.hf_baseline import output_len
 from sluice.cli.bench.workload import random_workload
+from sluice.cli.python_command import sluice_command
 
 WORKLOAD = ["--num-requests", "4", "--input-len", "8", "16", "--output-len", "3", "6"]
 
 
 def _bench(tmp_path, *args: str) -> dict:
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, "-m", "sluice.cli", "--log-level", "WARNING", "bench", *args, *WORKLOAD,
+    subprocess.run([*sluice_command(), "--log-level", "WARNING", "bench", *args, *WORKLOAD,
                     "--out", str(out)], check=True, timeout=600)
     return json.loads(out.read_text())
 

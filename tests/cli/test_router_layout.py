@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from sluice.cli.launcher import ServeLayout
+from sluice.cli.python_command import sluice_command
 
 
 def test_one_router_listens_on_the_router_port_alone():
@@ -24,6 +25,6 @@ def test_several_routers_share_the_port_and_each_has_its_own():
 
 
 def test_zero_router_processes_is_refused():
-    run = subprocess.run([sys.executable, "-m", "sluice.cli", "serve", "--router-processes", "0"],
+    run = subprocess.run([*sluice_command(), "serve", "--router-processes", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--router-processes: must be at least 1, got 0" in run.stderr

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.cli.launcher import ServeLayout, free_port, free_ports, start_services, stop_services, wait_until_serving
+from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.e2e.trace_collector import TraceCollector
@@ -88,7 +89,7 @@ def running_services(model: Path | str, scheduler_args: list[str] = (), worker_a
 def extra_router(services: RunningServices, model: Path, *args: str, schedulers: str | None = None):
     """One more router process on the running scheduler, or on `schedulers` (a router starts in about a second)."""
     address = f"127.0.0.1:{free_port()}"
-    command = [sys.executable, "-m", "sluice.cli", "router", "--listen", address,
+    command = [*sluice_command(), "router", "--listen", address,
                "--scheduler", schedulers or services.layout.scheduler_address, "--model", str(model), *args]
     process = subprocess.Popen(command, env=services.env)
     try:

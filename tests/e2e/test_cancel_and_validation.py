@@ -1,8 +1,8 @@
 import grpc
 import pytest
 
-from router.validation import MAX_BAD_WORDS, MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from sluice.client import text_request
+from sluice.router.validation import MAX_BAD_WORDS, MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from sluice.v1 import generation_pb2 as pb
 
 

@@ -8,9 +8,9 @@ from sluice.cli.offline import OfflineEngine
 from sluice.client import sampling_params
 from sluice.core.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.services import running_services
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 pytestmark = pytest.mark.slow
 

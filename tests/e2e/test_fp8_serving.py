@@ -4,11 +4,11 @@ import pytest
 
 from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.services import running_services
 from tests.worker.fp8_checkpoints import write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.stepping import run_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 pytestmark = pytest.mark.slow
 

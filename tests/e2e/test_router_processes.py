@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.launcher import free_ports, stop_services
+from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, text_request
 from tests.e2e.services import generate_once_served, wait_for_health, wait_for_serve
 
@@ -39,7 +40,7 @@ def test_router_processes_share_the_port(default_model_dir):
     port = free_ports(1)[0]
     metrics_port = free_ports(1, run=4)[0]  # each service serves its metrics on this port + an offset of its own
     address = f"127.0.0.1:{port}"
-    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
+    serve = subprocess.Popen([*sluice_command(), "serve", "--model", str(default_model_dir),
                               "--port", str(port), "--router-processes", "2", "--metrics-port", str(metrics_port),
                               "--drain-timeout", "2"], stdout=subprocess.PIPE, text=True)
     request = text_request("The capital of France is", max_tokens=6, temperature=0.0)

@@ -10,6 +10,7 @@ import pytest
 
 from sluice.cli.gateway import GatewayLayout, wait_until_gateway_serves
 from sluice.cli.launcher import free_ports, stop_services
+from sluice.cli.python_command import sluice_command
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ def test_serve_with_an_openai_port_answers_there_and_ctrl_c_stops_everything(def
     """With several router processes the gateway takes each as a worker of its own."""
     router_port, openai_port, openai_metrics_port = free_ports(3)
     gateway = GatewayLayout("127.0.0.1", openai_port, openai_metrics_port)
-    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
+    serve = subprocess.Popen([*sluice_command(), "serve", "--model", str(default_model_dir),
                               "--port", str(router_port), "--openai-port", str(gateway.port),
                               "--openai-metrics-port", str(gateway.metrics_port), "--drain-timeout", "2",
                               "--router-processes", str(router_processes)],

@@ -7,6 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from sluice.cli.launcher import free_port, stop_services
+from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, text_request
 from tests.e2e.services import generate_once_served, wait_for_health, wait_for_serve
 
@@ -20,7 +21,7 @@ def _service_process(serve: subprocess.Popen, name: str) -> psutil.Process:
 
 def test_serve_restarts_a_killed_worker(default_model_dir):
     address = f"127.0.0.1:{free_port()}"
-    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--model", str(default_model_dir),
+    serve = subprocess.Popen([*sluice_command(), "serve", "--model", str(default_model_dir),
                               "--port", address.rsplit(":", 1)[1], "--drain-timeout", "2"], stdout=subprocess.PIPE,
                              text=True)
     request = text_request("The capital of France is", max_tokens=6, temperature=0.0)

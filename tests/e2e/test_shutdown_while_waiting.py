@@ -8,6 +8,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from sluice.cli.launcher import free_ports, stop_services
+from sluice.cli.python_command import sluice_command
 from tests.e2e.services import health_status, wait_for_health
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,7 @@ DRAIN_TIMEOUT = 2.0
 ])
 def test_one_sigterm_stops_a_service_waiting_for_its_peer(service, waits_with):
     address, absent_peer = (f"127.0.0.1:{port}" for port in free_ports(2))
-    process = subprocess.Popen([sys.executable, "-m", "sluice.cli", *waits_with, absent_peer, "--listen", address,
+    process = subprocess.Popen([*sluice_command(), *waits_with, absent_peer, "--listen", address,
                                 "--drain-timeout", str(DRAIN_TIMEOUT)])
     try:
         wait_for_health(address, "", health_pb2.HealthCheckResponse.SERVING, timeout=60)

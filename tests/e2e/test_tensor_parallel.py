@@ -17,10 +17,10 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from sluice.v1 import generation_pb2 as pb
+from sluice.worker.models.dummy_weights import random_state_dict
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.worker.test_model_families import _TINY, FAMILIES
-from worker_svc.models.dummy_weights import random_state_dict
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from sluice.cli.launcher import free_port, wait_until_serving
+from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.hf_reference import hf_greedy
@@ -29,7 +30,7 @@ def env_without_triton(tmp_path) -> dict[str, str]:
 def test_sluice_serve_generates_on_the_cpu_without_triton(env_without_triton, default_model_dir, hf_model,
                                                           hf_tokenizer):
     port = free_port()
-    serve = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
+    serve = subprocess.Popen([*sluice_command(), "serve", "--port", str(port),
                               "--model", str(default_model_dir)], env=env_without_triton)
     try:
         wait_until_serving(f"127.0.0.1:{port}", "sluice.v1.Generation", 300, [serve])

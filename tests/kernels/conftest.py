@@ -49,7 +49,7 @@ def make_paged_kv(device):
 @pytest.fixture
 def make_fp8_paged_kv(make_paged_kv, device):
     """Factory: make_paged_kv's float32 caches stored in FP8 with their scales (the largest values clamp)."""
-    from kernels.kv_quant import KV_FP8, to_cache_element_ref
+    from sluice.kernels.kv_quant import KV_FP8, to_cache_element_ref
 
     def make(seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int = 16):
         key_cache, value_cache, block_tables, lens = make_paged_kv(seq_lens, num_kv_heads, head_dim, torch.float32,

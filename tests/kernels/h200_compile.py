@@ -1,15 +1,15 @@
 """Compiles the sampling and logprob kernels for the H200 (sm_90) with Triton's own ptxas, no GPU needed, and
-prints one line per variant: `python -m tests.kernels.h200_compile` (without TRITON_INTERPRET, under which
+prints one line per variant: `python tests/kernels/h200_compile.py` (without TRITON_INTERPRET, under which
 @triton.jit makes interpreted functions that do not compile)."""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.candidate_draw import _candidate_draw_kernel
-from kernels.logprob_stats import _chunk_stats_kernel, _row_stats_kernel
-from kernels.seeded_uniform import _seeded_uniform_kernel
-from kernels.threshold_search import _threshold_search_kernel
-from kernels.weighted_draw import _chunk_sums_kernel, _draw_kernel
+from sluice.kernels.candidate_draw import _candidate_draw_kernel
+from sluice.kernels.logprob_stats import _chunk_stats_kernel, _row_stats_kernel
+from sluice.kernels.seeded_uniform import _seeded_uniform_kernel
+from sluice.kernels.threshold_search import _threshold_search_kernel
+from sluice.kernels.weighted_draw import _chunk_sums_kernel, _draw_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 SEEDED_UNIFORM = {"seeds_ptr": "*i64", "positions_ptr": "*i64", "out_ptr": "*fp64", "num_rows": "i32",

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels import silu_and_mul, silu_and_mul_fp8, silu_and_mul_ref
-from kernels.fp8_quant import MIN_SCALE, quantize_rows_fp8
+from sluice.kernels import silu_and_mul, silu_and_mul_fp8, silu_and_mul_ref
+from sluice.kernels.fp8_quant import MIN_SCALE, quantize_rows_fp8
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}  # two bf16 roundings
 

@@ -1,18 +1,12 @@
 import pytest
 import torch
 
-from kernels.candidate_draw import candidate_draw
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.ops import (
-    TOP_K_CANDIDATES,
-    RandomDraws,
-    _drawn_on_gpu,
-    drawn_tokens,
-    sample,
-    sampling_weights,
-)
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.seeded_random import seeded_uniform
+from sluice.kernels.candidate_draw import candidate_draw
+from sluice.worker.sampling.ops import (TOP_K_CANDIDATES, RandomDraws, _drawn_on_gpu, drawn_tokens, sample,
+                                        sampling_weights)
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.seeded_random import seeded_uniform
 
 VOCAB, WIDTH = 300, 48  # a width that is no power of two: the kernel pads it
 DRAWS_PER_ROW = 6

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels import decode_step_inputs, decode_step_inputs_ref
-from worker_svc.models.torch_ops import TorchOps
+from sluice.kernels import decode_step_inputs, decode_step_inputs_ref
+from sluice.worker.models.torch_ops import TorchOps
 
 
 def _inputs(device, num_rows: int, block_size: int, max_blocks: int = 7):

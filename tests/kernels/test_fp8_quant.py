@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.fp8_quant import FP8, FP8_MAX, MIN_SCALE, quantize_rows_fp8, quantize_rows_fp8_ref
+from sluice.kernels.fp8_quant import FP8, FP8_MAX, MIN_SCALE, quantize_rows_fp8, quantize_rows_fp8_ref
 
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 E4M3_VALUES = E4M3_VALUES[E4M3_VALUES.isfinite()]

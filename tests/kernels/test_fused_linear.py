@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels import fused_linear, fused_linear_ref
+from sluice.kernels import fused_linear, fused_linear_ref
 
 # bf16: up to four roundings (residual, norm, product, gate), each a truncation under the CPU interpreter
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=8e-2, rtol=4e-2)}

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.logprob_stats import logprob_stats
+from sluice.kernels.logprob_stats import logprob_stats
 
 VOCAB = 5000  # a whole chunk and a part
 

@@ -3,7 +3,7 @@ kept weights and draw, with many tied logits, where top-p's tie rule decides."""
 import pytest
 import torch
 
-from worker_svc.sampling.ops import RandomDraws, _drawn_over_the_vocabulary_on_gpu, drawn_tokens, kept_tokens
+from sluice.worker.sampling.ops import RandomDraws, _drawn_over_the_vocabulary_on_gpu, drawn_tokens, kept_tokens
 
 VOCAB = 3000  # one whole block of 2048 and a part
 DRAWS_PER_ROW = 4

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels import paged_prefill_attention, paged_prefill_attention_ref
+from sluice.kernels import paged_prefill_attention, paged_prefill_attention_ref
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from kernels import prepare_qkv, prepare_qkv_ref, reshape_and_cache, rms_norm, rotary_embedding
-from kernels.kv_quant import KV_FP8, from_cache_element_ref
-from worker_svc.models.rope import build_cos_sin_cache
+from sluice.kernels import prepare_qkv, prepare_qkv_ref, reshape_and_cache, rms_norm, rotary_embedding
+from sluice.kernels.kv_quant import KV_FP8, from_cache_element_ref
+from sluice.worker.models.rope import build_cos_sin_cache
 
 # NOTE: bf16 is looser than in the single-kernel tests: the refs round every rotary product to bf16 and the
 # interpreter truncates where the GPU rounds, so after norm and rotary |kernel - ref| reached 0.032 * (1 + |ref|)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels import reshape_and_cache, reshape_and_cache_ref
-from kernels.kv_quant import KV_FP8
+from sluice.kernels import reshape_and_cache, reshape_and_cache_ref
+from sluice.kernels.kv_quant import KV_FP8
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

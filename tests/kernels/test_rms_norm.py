@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_fp8, rms_norm_ref
-from kernels.fp8_quant import MIN_SCALE, quantize_rows_fp8
+from sluice.kernels import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_fp8, rms_norm_ref
+from sluice.kernels.fp8_quant import MIN_SCALE, quantize_rows_fp8
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels import rotary_embedding, rotary_embedding_ref
-from worker_svc.models.rope import build_cos_sin_cache, rope_inv_freq
+from sluice.kernels import rotary_embedding, rotary_embedding_ref
+from sluice.worker.models.rope import build_cos_sin_cache, rope_inv_freq
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.row_max import row_max, row_max_ref
+from sluice.kernels.row_max import row_max, row_max_ref
 
 
 @pytest.mark.parametrize("n", [1, 1000, 1024, 5000])

@@ -3,14 +3,15 @@ registers: the interpreter that runs the other kernel tests on the CPU accepts s
 refuses."""
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from sluice.cli.python_command import python_command
 
 
 def test_sampling_and_logprob_kernels_compile_for_the_h200():
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "tests.kernels.h200_compile"], capture_output=True, text=True,
-                            env=env, cwd=Path(__file__).parents[2], timeout=300)
+    script = Path(__file__).with_name("h200_compile.py")
+    result = subprocess.run(python_command(str(script)), capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 16 and all("bytes of PTX" in line for line in lines)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels.seeded_uniform import seeded_uniform, seeded_uniform_ref
-from worker_svc.sampling.seeded_random import seeded_uniform_torch
+from sluice.kernels.seeded_uniform import seeded_uniform, seeded_uniform_ref
+from sluice.worker.sampling.seeded_random import seeded_uniform_torch
 
 EDGE_SEEDS = [[0, 0], [2**32 - 1, 2**32 - 1], [12345, 678], [1, 2**31]]
 EDGE_POSITIONS = [0, 2**31, 7, 2**32 + 5]

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from kernels.threshold_search import threshold_search
-from worker_svc.sampling.ops import fixed_point, unnormalised_probs
-from worker_svc.sampling.threshold import ordered_keys, threshold_key
+from sluice.kernels.threshold_search import threshold_search
+from sluice.worker.sampling.ops import fixed_point, unnormalised_probs
+from sluice.worker.sampling.threshold import ordered_keys, threshold_key
 
 N = 3000  # five whole blocks of 512 and a part
 

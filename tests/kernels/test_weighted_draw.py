@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels.weighted_draw import tempered_draw, weighted_draw
-from worker_svc.sampling.ops import FIXED_POINT_BITS, draw, fixed_point, unnormalised_probs
+from sluice.kernels.weighted_draw import tempered_draw, weighted_draw
+from sluice.worker.sampling.ops import FIXED_POINT_BITS, draw, fixed_point, unnormalised_probs
 
 EDGE_UNIFORMS = [0.0, 1e-300, 0.5, 1 - 2**-53]
 

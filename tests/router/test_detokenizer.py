@@ -1,6 +1,6 @@
 from transformers import AutoTokenizer
 
-from router.tokenizer import RouterTokenizer
+from sluice.router.tokenizer import RouterTokenizer
 
 TEXT = "naïve café — 世界 🎉🎉 done"
 

@@ -5,12 +5,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request
-from scheduler_svc.scheduler import Scheduler
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepOutcome, StepPlan
+from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.request import Request
+from sluice.scheduler.scheduler import Scheduler
 
 EOS = 0
 

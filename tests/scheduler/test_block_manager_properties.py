@@ -6,9 +6,9 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler_svc.block_manager import BlockManager
-from scheduler_svc.request import Request
 from sluice.core.sampling_params import SamplingParams
+from sluice.scheduler.block_manager import BlockManager
+from sluice.scheduler.request import Request
 
 BLOCK_SIZE = 2
 NUM_BLOCKS = 12

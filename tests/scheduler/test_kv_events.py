@@ -2,12 +2,12 @@
 import asyncio
 
 import pytest
-from sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion
 
-from scheduler_svc.kv_event_log import KvEventLog
-from scheduler_svc.kv_events import BlocksRemoved, BlocksStored
-from scheduler_svc.prefix_hash import ROOT_PARENT_HASH, hash_block
 from sluice.core.errors import DataLoss, OutOfRange
+from sluice.scheduler.kv_event_log import KvEventLog
+from sluice.scheduler.kv_events import BlocksRemoved, BlocksStored
+from sluice.scheduler.prefix_hash import ROOT_PARENT_HASH, hash_block
 
 BLOCK = 16
 

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.outbox import Outbox
+from sluice.scheduler.outbox import Outbox
 from sluice.v1 import scheduler_pb2 as pb
 
 

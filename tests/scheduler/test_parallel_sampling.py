@@ -2,7 +2,7 @@
 import random
 
 import pytest
-from sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 from sluice.core.finish_reason import FinishReason
 

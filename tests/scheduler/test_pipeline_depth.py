@@ -1,5 +1,5 @@
-from scheduler_svc.pipeline_depth import PipelineDepth
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
+from sluice.scheduler.pipeline_depth import PipelineDepth
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
 
 
 def _run_steps(depth: PipelineDepth, step_ms: float, turnaround_ms: float, steps: int = 20, start_ms: float = 0.0):

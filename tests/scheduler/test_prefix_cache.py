@@ -1,4 +1,4 @@
-from sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 
 def _finish(scheduler, worker, request):

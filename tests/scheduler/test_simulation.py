@@ -5,7 +5,7 @@ import random
 from collections import deque
 
 import pytest
-from sched_testkit import EOS, FakeWorker, make_request, make_scheduler
+from tests.scheduler.sched_testkit import EOS, FakeWorker, make_request, make_scheduler
 
 from sluice.core.errors import InvalidArgument, ResourceExhausted
 from sluice.core.finish_reason import FinishReason

@@ -3,11 +3,11 @@ that carry them, and the bookkeeping of what the worker accepted (tokens, KV slo
 fake worker's token-level KV cache."""
 import pytest
 
-from scheduler_svc.ngram_proposer import NgramProposer
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
-from scheduler_svc.speculation import MAX_SKIPS
+from sluice.scheduler.ngram_proposer import NgramProposer
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
+from sluice.scheduler.speculation import MAX_SKIPS
 from tests.scheduler.sched_testkit import (FakeWorker, cycling_model, make_request, make_scheduler, run_ahead,
-                                          run_to_completion, step)
+                                           run_to_completion, step)
 
 NGRAM = dict(speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, ngram_max=3)
 DRAFT = dict(speculative_method="draft", num_speculative_tokens=4)

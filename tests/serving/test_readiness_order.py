@@ -32,8 +32,8 @@ async def _wait_for_status(address: str, service: str, status: int, timeout: flo
 
 
 def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
-    from worker_svc import server
-    from worker_svc.config import WorkerConfig
+    from sluice.worker import server
+    from sluice.worker.config import WorkerConfig
 
     loaded = threading.Event()
 
@@ -58,7 +58,7 @@ def test_worker_is_not_serving_while_its_model_loads(monkeypatch):
 
 
 def test_scheduler_is_not_ready_until_its_worker_is():
-    from scheduler_svc import server
+    from sluice.scheduler import server
 
     address, absent_worker = (f"127.0.0.1:{port}" for port in free_ports(2))
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from sluice.cli.launcher import free_port
-from worker_svc.parallel.group import join_group
+from sluice.worker.parallel.group import join_group
 
 
 def run_on_ranks(function, world_size: int, *args) -> None:

@@ -2,10 +2,10 @@ import torch
 
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.rope import build_cos_sin_cache
-from worker_svc.runner.kv_cache import allocate_kv_cache
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.runner.kv_cache import allocate_kv_cache
 
 BLOCK_SIZE = 16
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.models.fp8 import FP8_MAX
+from sluice.worker.runner.kv_scale_calibration import KEY_HEADROOM, VALUE_HEADROOM
 from tests.worker.stepping import prompt_logits, run_greedy
 from tests.worker.test_model_families import _TINY, FAMILIES
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.dummy_weights import random_state_dict
-from worker_svc.models.fp8 import FP8_MAX
-from worker_svc.runner.kv_scale_calibration import KEY_HEADROOM, VALUE_HEADROOM
 
 PROMPT = list(range(3, 40))
 LOUDNESS = 5000

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from scheduler_svc.scheduler import MAX_STEPS_IN_FLIGHT
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
+from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 TEXTS = ["The history of the Roman Empire began", "A recipe for pancakes: first,", "The three laws of motion are",
          "Python is a programming language that", "The quick brown fox"]

@@ -3,13 +3,13 @@ requests as long as the shorter of the two models does; each block of the KV poo
 import pytest
 import torch
 
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.dummy_weights import random_state_dict
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.shapes import shape_config
-from worker_svc.models.weights import to_worker_layout
-from worker_svc.runner.kv_cache import bytes_per_block
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.shapes import shape_config
+from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.runner.kv_cache import bytes_per_block
 
 CONFIG = WorkerConfig(model="SmolLM2-tiny", load_format="dummy", kv_cache_bytes=1 << 20)
 

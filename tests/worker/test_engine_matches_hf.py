@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from sluice.cli.model_store import default_gguf_path
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
 from tests.worker.stepping import run_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 from tests.worker.stepping import prompt_logits, run_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is the capital of "
         "Germany. Water boils at one hundred degrees Celsius at sea level.")

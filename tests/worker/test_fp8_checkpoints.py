@@ -10,17 +10,17 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.fp8 import FP8, quantize_rows
+from sluice.worker.models.fp8_checkpoint import checkpoint_quantization
+from sluice.worker.models.fp8_gemm import fp8_gemm_for
+from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.models.weights import load_checkpoint
 from tests.worker.fp8_checkpoints import BLOCK, write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import prompt_logits
 from tests.worker.test_fp8_accuracy import TEXT
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.fp8 import FP8, quantize_rows
-from worker_svc.models.fp8_gemm import fp8_gemm_for
-from worker_svc.models.fp8_checkpoint import checkpoint_quantization
-from worker_svc.models.shard_layout import ShardLayout
-from worker_svc.models.weights import load_checkpoint
 
 
 @pytest.fixture(scope="module")

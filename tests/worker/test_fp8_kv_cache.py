@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.models.kv_scales import with_kv_scales
 from tests.worker.stepping import run_greedy
 from tests.worker.test_model_families import _TINY, FAMILIES
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.dummy_weights import random_state_dict
-from worker_svc.models.kv_scales import with_kv_scales
 
 FP8 = torch.float8_e4m3fn
 PROMPT = list(range(3, 40))

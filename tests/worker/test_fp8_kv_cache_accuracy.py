@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 from tests.worker.stepping import prompt_logits, run_greedy
 from tests.worker.test_fp8_accuracy import TEXT, _log_likelihood
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 
 @pytest.fixture(scope="module")

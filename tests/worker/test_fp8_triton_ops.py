@@ -4,11 +4,11 @@ Triton's interpreter rounds FP8 stores wrongly, the GEMM quantizes them with tor
 import pytest
 import torch
 
-import kernels
-from kernels.fp8_quant import quantize_rows_fp8
-from worker_svc.models.fp8 import Fp8Linear, quantize_rows
-from worker_svc.models.fp8_gemm import fp8_gemm_for
-from worker_svc.models.triton_ops import TritonOps, UngatedRows
+from sluice import kernels
+from sluice.kernels.fp8_quant import quantize_rows_fp8
+from sluice.worker.models.fp8 import Fp8Linear, quantize_rows
+from sluice.worker.models.fp8_gemm import fp8_gemm_for
+from sluice.worker.models.triton_ops import TritonOps, UngatedRows
 
 HIDDEN, INTERMEDIATE = 64, 96
 

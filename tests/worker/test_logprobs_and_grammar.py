@@ -4,10 +4,10 @@ import torch
 
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.runner.model_runner import PROMPT_LOGPROB_ROWS
-from worker_svc.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.runner.model_runner import PROMPT_LOGPROB_ROWS
+from sluice.worker.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
 
 BLOCK_SIZE = 16
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"

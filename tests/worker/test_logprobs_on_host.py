@@ -5,8 +5,8 @@ import torch
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the asynchronous copy needs a CUDA device")
 

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.weights import to_worker_layout
 from tests.worker.stepping import run_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.dummy_weights import random_state_dict
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.weights import to_worker_layout
 
 _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 512,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from worker_svc.sampling.most_likely import GROUP, most_likely
+from sluice.worker.sampling.most_likely import GROUP, most_likely
 
 DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 

@@ -3,9 +3,9 @@ import pytest
 
 from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
 
 
 @pytest.mark.parametrize("steps_in_flight", [1, 2, 3])

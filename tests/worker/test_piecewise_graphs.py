@@ -4,12 +4,12 @@ write no KV."""
 import pytest
 import torch
 
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.rope import build_cos_sin_cache
-from worker_svc.runner.kv_cache import allocate_kv_cache
-from worker_svc.runner.piecewise_graphs import MAX_CAPTURED_TOKENS, PiecewiseGraphs, token_count_ladder
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.runner.kv_cache import allocate_kv_cache
+from sluice.worker.runner.piecewise_graphs import MAX_CAPTURED_TOKENS, PiecewiseGraphs, token_count_ladder
 
 BLOCK_SIZE, MAX_BLOCKS = 16, 8
 

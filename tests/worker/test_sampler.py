@@ -4,17 +4,16 @@ import pytest
 import torch
 from transformers.generation.logits_process import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor,
                                                     MinPLogitsWarper, NoBadWordsLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor,
-                                                    SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
-                                                    TopKLogitsWarper, TopPLogitsWarper)
+                                                    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
+                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.ops import TOP_K_CANDIDATES, fixed_point, kept_tokens, process_logits, sample
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.seeded_random import seeded_uniform
-from worker_svc.sampling.speculative import ProposalRows, preceding_proposals
-from worker_svc.sampling.step import StepSampler
-from worker_svc.sampling.structured_output import GrammarMatchers
+from sluice.worker.sampling.ops import TOP_K_CANDIDATES, fixed_point, kept_tokens, process_logits, sample
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.seeded_random import seeded_uniform
+from sluice.worker.sampling.speculative import ProposalRows, preceding_proposals
+from sluice.worker.sampling.step import StepSampler
+from sluice.worker.sampling.structured_output import GrammarMatchers
 
 VOCAB = 512
 EOS = 2

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from worker_svc.sampling.ops import DRAW_SLICE, draw
+from sluice.worker.sampling.ops import DRAW_SLICE, draw
 
 
 def _one_pass_draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

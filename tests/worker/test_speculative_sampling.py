@@ -4,9 +4,9 @@ agrees, and rows without a proposal draw as ops.sample does."""
 import pytest
 import torch
 
-from worker_svc.sampling.draft_sampling import draw_proposals
-from worker_svc.sampling.ops import RandomDraws, SamplingTensors, sample
-from worker_svc.sampling.speculative import NO_PROPOSAL, Drafts, ProposalRows, verify, verify_rows
+from sluice.worker.sampling.draft_sampling import draw_proposals
+from sluice.worker.sampling.ops import RandomDraws, SamplingTensors, sample
+from sluice.worker.sampling.speculative import NO_PROPOSAL, Drafts, ProposalRows, verify, verify_rows
 
 VOCAB = 8
 NUM_DRAWS = 40_000

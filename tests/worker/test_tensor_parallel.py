@@ -4,18 +4,18 @@ replicated; then greedy generation, token-identical to the unsharded engine."""
 import pytest
 import torch
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.runner.kv_cache import allocate_kv_cache
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import run_greedy
 from tests.worker.test_model_families import _TINY, FAMILIES
-from worker_svc.config import WorkerConfig
-from worker_svc.engine import WorkerEngine
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.dummy_weights import random_state_dict
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.rope import build_cos_sin_cache
-from worker_svc.models.shard_layout import ShardLayout
-from worker_svc.models.weights import to_worker_layout
-from worker_svc.runner.kv_cache import allocate_kv_cache
 
 _ODD = {"hidden_size": 48, "intermediate_size": 75, "vocab_size": 101, "head_dim": 8}
 HEADS = {2: [(6, 2), (6, 1)], 3: [(9, 3), (6, 1)]}  # (q heads, KV heads): KV heads split, then replicated

@@ -6,10 +6,10 @@ Tokens of all sequences in a step are flattened into one batch: [num_tokens, hid
 import torch
 from torch import nn
 
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8, Fp8Linear
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.registry import ArchitectureTraits
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.fp8 import FP8, Fp8Linear
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.registry import ArchitectureTraits
 
 
 def linear_layer(config: ModelConfig, in_features: int, out_features: int, bias: bool = False) -> nn.Module:

@@ -5,11 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.decoder import MLP, Attention, DecoderLM
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.registry import ArchitectureTraits
-from worker_svc.models.shard_layout import ShardLayout
-from worker_svc.parallel.group import TensorParallelGroup
+from sluice.worker.models.decoder import MLP, Attention, DecoderLM
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.registry import ArchitectureTraits
+from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.parallel.group import TensorParallelGroup
 
 
 class VocabParallelEmbedding(nn.Embedding):

@@ -2,9 +2,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8, to_fp8
-from worker_svc.models.fp8_gemm import Fp8Gemm, emulated_fp8_linear
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.fp8 import FP8, to_fp8
+from sluice.worker.models.fp8_gemm import Fp8Gemm, emulated_fp8_linear
 
 
 class TorchOps:

@@ -3,12 +3,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-import kernels
-from kernels.fp8_quant import quantize_rows_fp8
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.models.fp8 import FP8
-from worker_svc.models.fp8_gemm import QuantizedRows
-from worker_svc.models.torch_ops import TorchOps
+from sluice import kernels
+from sluice.kernels.fp8_quant import quantize_rows_fp8
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.fp8 import FP8
+from sluice.worker.models.fp8_gemm import QuantizedRows
+from sluice.worker.models.torch_ops import TorchOps
 
 
 def _is_one_row(x: torch.Tensor) -> bool:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.models.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
-                                              weight_block_size)
-from worker_svc.models.fp8_scales import per_channel_from_blocks, per_channel_scales
-from worker_svc.models.model_config import ModelConfig
-from worker_svc.models.shard_layout import ShardLayout, pad_shard
+from sluice.worker.models.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
+                                                 weight_block_size)
+from sluice.worker.models.fp8_scales import per_channel_from_blocks, per_channel_scales
+from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.shard_layout import ShardLayout, pad_shard
 
 log = logging.getLogger("sluice.worker")
 _BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names

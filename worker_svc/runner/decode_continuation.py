@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from sluice.core.step_plan import StepPlan
-from worker_svc.runner.batch_state import RequestState
-from worker_svc.runner.decode_graphs import DecodeGraphs
-from worker_svc.runner.logits_rows import LogitsRows
-from worker_svc.sampling.upload import upload
+from sluice.worker.runner.batch_state import RequestState
+from sluice.worker.runner.decode_graphs import DecodeGraphs
+from sluice.worker.runner.logits_rows import LogitsRows
+from sluice.worker.sampling.upload import upload
 
 
 @dataclass(slots=True)

@@ -10,14 +10,14 @@ host, a pass's host-side inputs go up in one copy, and the passes replay the dra
 import numpy as np
 import torch
 
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.runner.batch_state import BatchState, RequestState
-from worker_svc.runner.forward_pass import ForwardPass
-from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder
-from worker_svc.sampling.draft_sampling import draw_proposals
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.speculative import Drafts
-from worker_svc.sampling.upload import upload
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.runner.batch_state import BatchState, RequestState
+from sluice.worker.runner.forward_pass import ForwardPass
+from sluice.worker.runner.step_inputs import SampledTokens, StepInputBuilder
+from sluice.worker.sampling.draft_sampling import draw_proposals
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.speculative import Drafts
+from sluice.worker.sampling.upload import upload
 
 
 class DraftProposer:

@@ -10,9 +10,9 @@ from typing import TypeVar
 
 import torch
 
-from worker_svc.models.decoder import Attention
-from worker_svc.models.fp8 import FP8_MAX
-from worker_svc.models.torch_ops import TorchOps
+from sluice.worker.models.decoder import Attention
+from sluice.worker.models.fp8 import FP8_MAX
+from sluice.worker.models.torch_ops import TorchOps
 
 log = logging.getLogger("sluice.worker")
 KEY_HEADROOM = 2.0  # keys may grow to twice the first step's absolute maximum before they are clipped

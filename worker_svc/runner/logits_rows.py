@@ -3,7 +3,7 @@ token and each proposal but the last of a request with proposals, whose logits v
 asked for prompt logprobs, every position of the chunk whose next token is a prompt token."""
 from dataclasses import dataclass, field
 
-from worker_svc.runner.batch_state import RequestState
+from sluice.worker.runner.batch_state import RequestState
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 import torch
 
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.runner.kv_cache import allocate_kv_cache
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.runner.kv_cache import allocate_kv_cache
 
 
 @torch.inference_mode()

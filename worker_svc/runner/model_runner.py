@@ -6,18 +6,18 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
-from worker_svc.models.attention_metadata import rows_per_program
-from worker_svc.runner.batch_state import BatchState, RequestState
-from worker_svc.runner.decode_continuation import DecodeContinuation
-from worker_svc.runner.draft_proposer import DraftProposer
-from worker_svc.runner.forward_pass import ForwardPass
-from worker_svc.runner.kv_cache import copy_blocks
-from worker_svc.runner.logits_rows import LogitsRows, logits_rows
-from worker_svc.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
-from worker_svc.sampling.speculative import Drafts
-from worker_svc.sampling.step import DeviceSample, StepSampler
-from worker_svc.sampling.token_logprobs import LogprobTensors, joined
-from worker_svc.sampling.upload import upload
+from sluice.worker.models.attention_metadata import rows_per_program
+from sluice.worker.runner.batch_state import BatchState, RequestState
+from sluice.worker.runner.decode_continuation import DecodeContinuation
+from sluice.worker.runner.draft_proposer import DraftProposer
+from sluice.worker.runner.forward_pass import ForwardPass
+from sluice.worker.runner.kv_cache import copy_blocks
+from sluice.worker.runner.logits_rows import LogitsRows, logits_rows
+from sluice.worker.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
+from sluice.worker.sampling.speculative import Drafts
+from sluice.worker.sampling.step import DeviceSample, StepSampler
+from sluice.worker.sampling.token_logprobs import LogprobTensors, joined
+from sluice.worker.sampling.upload import upload
 
 PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits are held at once
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker_svc.models.attention_metadata import AttentionMetadata
+from sluice.worker.models.attention_metadata import AttentionMetadata
 
 MAX_CAPTURED_TOKENS = 512
 

@@ -2,9 +2,9 @@
 the other ranks (one broadcast per step), whose next step reads them as input ids without a round trip."""
 import torch
 
-from worker_svc.parallel.group import TensorParallelGroup
-from worker_svc.sampling.speculative import Drafts
-from worker_svc.sampling.step import DeviceSample, SampleResult, StepSampler
+from sluice.worker.parallel.group import TensorParallelGroup
+from sluice.worker.sampling.speculative import Drafts
+from sluice.worker.sampling.step import DeviceSample, SampleResult, StepSampler
 
 
 class DriverSampler(StepSampler):

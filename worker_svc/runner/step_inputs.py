@@ -14,8 +14,8 @@ from itertools import chain, repeat
 import numpy as np
 import torch
 
-from worker_svc.models.attention_metadata import AttentionMetadata
-from worker_svc.runner.batch_state import BatchState, RequestState
+from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.runner.batch_state import BatchState, RequestState
 
 
 @dataclass(slots=True)

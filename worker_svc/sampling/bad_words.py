@@ -5,7 +5,7 @@ samples, all in batched tensor ops: the newest tokens need never reach the host 
 """
 import torch
 
-from worker_svc.sampling.upload import StagedRows, upload
+from sluice.worker.sampling.upload import StagedRows, upload
 
 PAD = -1  # a sequence's padding matches any token; the history's marks "no token yet"
 

@@ -3,8 +3,8 @@ temperature, top-k, top-p and min-p) over the draft's logits, at a uniform of th
 draw is independent of the uniform that verifies it. Returned with that distribution q, which verification needs."""
 import torch
 
-from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
-from worker_svc.sampling.seeded_random import seeded_uniform
+from sluice.worker.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
+from sluice.worker.sampling.seeded_random import seeded_uniform
 
 _DRAFT_STREAM = 0x9E3779B9  # mixed into the seed's high word
 

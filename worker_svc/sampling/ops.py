@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from worker_svc.sampling.most_likely import most_likely
-from worker_svc.sampling.seeded_random import seeded_uniform
-from worker_svc.sampling.threshold import ordered_keys, threshold_key
+from sluice.worker.sampling.most_likely import most_likely
+from sluice.worker.sampling.seeded_random import seeded_uniform
+from sluice.worker.sampling.threshold import ordered_keys, threshold_key
 
 FIXED_POINT_BITS = 40  # a vocabulary below 2**23 keeps every sum of weights below 2**63
 DRAW_SLICE = 1024  # draw's second level: the slice of a row it searches once the slices' sums have picked it
@@ -100,7 +100,7 @@ def row_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     3.1 us, benchmarks/row_max.py)."""
     if not logits.is_cuda:
         return logits.max(dim=-1)
-    from kernels.row_max import row_max
+    from sluice.kernels.row_max import row_max
 
     return row_max(logits)
 
@@ -112,8 +112,8 @@ def _drawn_on_gpu(logits: torch.Tensor, maxima: torch.Tensor, draws: RandomDraws
     it reads them; from a top-k step's candidates, one kernel filters and draws; over the whole vocabulary,
     nucleus_draw keeps and draws after the threshold searches (tests/kernels/test_candidate_draw.py,
     test_nucleus_draw.py)."""
-    from kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
-    from kernels.weighted_draw import tempered_draw
+    from sluice.kernels.candidate_draw import candidate_draw  # every CUDA build of torch brings Triton
+    from sluice.kernels.weighted_draw import tempered_draw
 
     if draws.filter_width is None:
         return tempered_draw(logits, maxima, draws.temperature, uniform)
@@ -168,7 +168,7 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     cumulative sum over the whole row; on a GPU, kernels.weighted_draw sums every row's chunks at once, then scans the
     chunk where the row crosses. The sums are exact, so all three find the same index."""
     if weights.is_cuda:
-        from kernels.weighted_draw import weighted_draw  # every CUDA build of torch brings Triton
+        from sluice.kernels.weighted_draw import weighted_draw  # every CUDA build of torch brings Triton
         return weighted_draw(weights, uniform)
     batch, n = weights.shape
     num_slices = n // DRAW_SLICE
@@ -279,8 +279,8 @@ def _kept_in_token_order(logits: torch.Tensor, top_k: torch.Tensor | None, top_p
 
 def _drawn_over_the_vocabulary_on_gpu(logits: torch.Tensor, draws: RandomDraws, uniform: torch.Tensor) -> torch.Tensor:
     """drawn_tokens over _kept_in_token_order's weights: the threshold searches, then one kernel keeps and draws."""
-    from kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
-    from kernels.weighted_draw import nucleus_draw
+    from sluice.kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
+    from sluice.kernels.weighted_draw import nucleus_draw
 
     keys, probs, weights = _after_top_k(logits, draws.top_k)
     last = num_ties_kept = None

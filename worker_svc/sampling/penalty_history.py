@@ -3,8 +3,8 @@ output tokens, and how often each token was generated. A step's sampled tokens a
 (one indexed write each for the batch); a step reads only its rows' tokens, never a [rows, vocab] table."""
 import torch
 
-from worker_svc.sampling.ops import Penalties
-from worker_svc.sampling.upload import upload
+from sluice.worker.sampling.ops import Penalties
+from sluice.worker.sampling.upload import upload
 
 
 class PenaltyHistory:

@@ -11,10 +11,10 @@ from operator import and_, or_
 import torch
 
 from sluice.core.sampling_params import SamplingParams
-from worker_svc.sampling.bad_words import BadWords
-from worker_svc.sampling.ops import TOP_K_CANDIDATES, RandomDraws, SamplingTensors, SparseLogits, candidate_width
-from worker_svc.sampling.penalty_history import PenaltyHistory
-from worker_svc.sampling.upload import StagedRows, upload
+from sluice.worker.sampling.bad_words import BadWords
+from sluice.worker.sampling.ops import TOP_K_CANDIDATES, RandomDraws, SamplingTensors, SparseLogits, candidate_width
+from sluice.worker.sampling.penalty_history import PenaltyHistory
+from sluice.worker.sampling.upload import StagedRows, upload
 
 _INITIAL_ROWS = 16
 _FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # float32 columns

@@ -29,7 +29,7 @@ def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0
     """seeds: [batch, 2] int64 (low, high 32 bits); positions: [batch] int64; stream: below 2**32, mixed into the
     seeds' high words (a second sequence per seed) -> [batch] float64, uniform in (0, 1)."""
     if seeds.is_cuda:
-        from kernels.seeded_uniform import seeded_uniform as kernel  # every CUDA build of torch brings Triton
+        from sluice.kernels.seeded_uniform import seeded_uniform as kernel  # every CUDA build of torch brings Triton
         return kernel(seeds, positions, stream)
     return seeded_uniform_torch(seeds, positions, stream)
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from worker_svc.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
-from worker_svc.sampling.seeded_random import seeded_uniform
-from worker_svc.sampling.upload import upload
+from sluice.worker.sampling.ops import SamplingTensors, drawn_tokens, process_logits, row_maxima, sampling_weights
+from sluice.worker.sampling.seeded_random import seeded_uniform
+from sluice.worker.sampling.upload import upload
 
 NO_PROPOSAL = -1
 

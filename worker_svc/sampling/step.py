@@ -5,12 +5,12 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepPlan
-from worker_svc.sampling.ops import sample as sample_tokens
-from worker_svc.sampling.rows import SamplingRows
-from worker_svc.sampling.speculative import Drafts, ProposalRows, preceding_proposals, verify_rows
-from worker_svc.sampling.structured_output import GrammarMatchers
-from worker_svc.sampling.token_logprobs import LogprobTensors, token_logprobs
-from worker_svc.sampling.upload import upload
+from sluice.worker.sampling.ops import sample as sample_tokens
+from sluice.worker.sampling.rows import SamplingRows
+from sluice.worker.sampling.speculative import Drafts, ProposalRows, preceding_proposals, verify_rows
+from sluice.worker.sampling.structured_output import GrammarMatchers
+from sluice.worker.sampling.token_logprobs import LogprobTensors, token_logprobs
+from sluice.worker.sampling.upload import upload
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ def threshold_key(keys: torch.Tensor, weights: torch.Tensor | None,
     weights: [batch, n] int64 >= 0, or None where every key weighs 1; limit: [batch] int64, positive, at most the
     row's total weight."""
     if keys.is_cuda:
-        from kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
+        from sluice.kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
         return threshold_search(keys, weights, limit)[:3]
     if weights is None:
         weights = keys.new_ones(()).expand_as(keys)

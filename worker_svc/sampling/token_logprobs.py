@@ -47,7 +47,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[t
     a GPU one kernel (kernels.logprob_stats) reads the logits once for all of them."""
     chosen = logits.gather(1, token_ids.unsqueeze(1)).squeeze(1)
     if logits.is_cuda:
-        from kernels.logprob_stats import logprob_stats  # every CUDA build of torch brings Triton
+        from sluice.kernels.logprob_stats import logprob_stats  # every CUDA build of torch brings Triton
         normaliser, ranks, top_logits, top_ids = logprob_stats(logits, token_ids, num_top)
     else:
         normaliser = logits.logsumexp(dim=-1)

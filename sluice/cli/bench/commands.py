@@ -10,7 +10,7 @@ from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
-                                     scheduler_flags, worker_config_options, worker_flags)
+                                      scheduler_flags, worker_config_options, worker_flags)
 
 
 def add_bench_commands(commands) -> None:
@@ -67,7 +67,7 @@ def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int],
 
 def _vocab_size(args) -> int:
     if args.load_format == "dummy":
-        from worker_svc.models.shapes import shape_config
+        from sluice.worker.models.shapes import shape_config
 
         return shape_config(str(args.model))["vocab_size"]
     return json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
@@ -131,8 +131,8 @@ def _offline_engine(args, enable_prefix_caching: bool):
     if args.tensor_parallel_size > 1:
         raise SystemExit("--in-process runs one worker; a tensor-parallel replica is measured through the gRPC stack")
     from sluice.cli.offline import OfflineEngine
-    from worker_svc.config import WorkerConfig
-    from worker_svc.engine import WorkerEngine
+    from sluice.worker.config import WorkerConfig
+    from sluice.worker.engine import WorkerEngine
 
     worker = WorkerEngine.load(WorkerConfig(model=str(args.model), device=args.device, **worker_config_options(args)))
     return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
@@ -167,7 +167,7 @@ def _hf(args, requests: list[BenchRequest]):
     import torch
 
     from sluice.cli.bench.hf_baseline import continuous_generate, load_hf_model, static_generate
-    from worker_svc.config import WorkerConfig
+    from sluice.worker.config import WorkerConfig
 
     gc.collect()  # the Sluice engine measured before gives its device memory back
     if torch.cuda.is_available():
