@@ -5,13 +5,14 @@ from pathlib import Path
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
+from sluice.core.options import as_flags
+from sluice.router.config import RouterConfig
 from sluice.router.metrics import RouterMetrics
 from sluice.router.request_telemetry import RouterTelemetry
 from sluice.router.scheduler_pool import SchedulerPool
 from sluice.router.servicer import GenerationServicer
 from sluice.router.tokenizer import RouterTokenizer, TokenIdsOnly
 from sluice.router.vllm_servicer import VllmEngineServicer
-from sluice.serving.grpc_options import MAX_CLIENT_REQUEST_BYTES
 from sluice.serving.operations import Operations
 from sluice.serving.readiness import wait_until_serving
 from sluice.serving.service import Service
@@ -25,15 +26,16 @@ log = logging.getLogger("sluice.router")
 
 async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], addresses: list[str],
                 operations: Operations, interceptors=(), credentials: grpc.ServerCredentials | None = None,
-                scheduler_timeout: float = 600.0, max_request_bytes: int = MAX_CLIENT_REQUEST_BYTES,
-                share_port: bool = False) -> None:
+                scheduler_timeout: float = 600.0, config: RouterConfig | None = None, share_port: bool = False) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
-    in flight finish. A client message over max_request_bytes gets RESOURCE_EXHAUSTED. Serves sluice.v1.Generation
-    and, for gateways such as smg, vLLM's engine protocol, on every address; with share_port, router processes
-    that listen on the same port take a share of its connections each."""
+    in flight finish. A client message over config.max_request_bytes gets RESOURCE_EXHAUSTED. Serves
+    sluice.v1.Generation and, for gateways such as smg, vLLM's engine protocol, on every address; with share_port,
+    router processes that listen on the same port take a share of its connections each."""
+    config = config or RouterConfig()
+    log.info("router settings: %s", " ".join(as_flags(config, RouterConfig)))
     async with Service([SERVICE_NAME, VLLM_SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
-                       max_request_bytes, share_port) as service:
+                       config.max_request_bytes, share_port) as service:
         port = await service.start(*addresses)
         pool = SchedulerPool(scheduler_addresses)
         try:

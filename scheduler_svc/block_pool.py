@@ -22,6 +22,8 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, recorder: KvEventRecorder):
+        if num_blocks < 1:
+            raise ValueError(f"a KV block pool needs at least one block, got {num_blocks}")
         self.recorder = recorder
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free_queue: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)

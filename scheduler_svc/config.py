@@ -1,4 +1,7 @@
+"""The scheduler's settings: the KV block pool, the step's budgets, admission, speculative decoding."""
 from dataclasses import dataclass
+
+from sluice.core.options import option
 
 POLICIES = ("priority", "fcfs")
 SPECULATIVE_METHODS = ("ngram", "draft")
@@ -6,24 +9,32 @@ SPECULATIVE_METHODS = ("ngram", "draft")
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    num_blocks: int  # physical KV blocks in the pool, found by the worker's memory profile
-    block_size: int = 16  # tokens per KV block
-    max_num_seqs: int = 256  # requests running at once
-    max_num_batched_tokens: int = 8192  # tokens computed in one step (the token budget)
-    max_model_len: int = 8192  # prompt + output tokens of one request
-    enable_prefix_caching: bool = True
-    policy: str = "priority"  # "priority": lower value first, FCFS within a value; "fcfs": arrival order only
-    max_waiting_requests: int = 4096
-    max_waiting_tokens: int = 4_000_000
-    # "ngram": proposals by prompt lookup; "draft": by the worker's draft model; None: no speculative decoding
-    speculative_method: str | None = None
-    num_speculative_tokens: int = 3  # the most tokens proposed for a request per step
-    ngram_min: int = 2  # the shortest suffix of a request's tokens that ngram matches against its earlier tokens
-    ngram_max: int = 4
+    num_blocks: int = option(0, help="physical KV blocks in the pool; 0: as many as the worker's memory budget holds")
+    block_size: int = option(16, help="tokens per KV block")
+    max_num_seqs: int = option(256, help="requests running at once")
+    max_num_batched_tokens: int = option(8192, help="tokens computed in one step (the token budget)")
+    max_model_len: int = option(8192, help="prompt + output tokens of one request (at most the model's)")
+    enable_prefix_caching: bool = option(True, flag="--no-prefix-caching",
+                                         help="no reuse of the KV blocks of prompts' shared prefixes")
+    policy: str = option("priority", choices=POLICIES,
+                         help="priority: lower value first, FCFS within a value; fcfs: arrival order only")
+    max_waiting_requests: int = option(4096, help="requests that may wait; more get RESOURCE_EXHAUSTED")
+    max_waiting_tokens: int = option(4_000_000, help="tokens the waiting requests may hold; more get "
+                                                     "RESOURCE_EXHAUSTED")
+    speculative_method: str | None = option(None, choices=SPECULATIVE_METHODS,
+                                            help="speculative decoding: ngram proposes the tokens that followed the "
+                                                 "newest tokens earlier in the prompt and output (prompt lookup), "
+                                                 "draft those of the worker's --draft-model; the model verifies "
+                                                 "them in one step")
+    num_speculative_tokens: int = option(3, help="the most tokens proposed for a request per step")
+    ngram_min: int = option(2, help="the shortest suffix of a request's tokens that ngram matches against its "
+                                    "earlier tokens")
+    ngram_max: int = option(4, help="the longest suffix ngram matches")
 
     def __post_init__(self):
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                     "max_waiting_requests"):
+        if self.num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {self.num_blocks}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.policy not in POLICIES:

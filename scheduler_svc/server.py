@@ -3,6 +3,7 @@ import contextlib
 import dataclasses
 import logging
 
+from sluice.core.options import as_flags
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.engine_loop import EngineLoop
 from sluice.scheduler.kv_event_log import KvEventLog
@@ -29,6 +30,8 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
     num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
     remaining SchedulerConfig fields. Not ready until every worker is connected, nor while one is lost (then its
     methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
+    log.info("scheduler settings: %s", " ".join(as_flags({"num_blocks": num_blocks, **scheduler_options},
+                                                         SchedulerConfig)))
     if len(worker_addresses) > 1 and scheduler_options.get("speculative_method"):
         raise ValueError("speculative decoding needs an unsharded worker (tensor-parallel size 1)")
     async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:

@@ -1,60 +1,92 @@
+"""The worker's settings: what it loads, in which precision, on which device, with which kernels."""
 from dataclasses import dataclass
 
-import torch
+from sluice.core.options import option
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}  # and "auto": the model dtype
+DTYPES = ("float32", "bfloat16", "float16")
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")  # e4m3; "auto": the model dtype
+LOAD_FORMATS = ("auto", "dummy")
+QUANTIZATIONS = ("auto", "fp8")
+KERNELS = ("auto", "triton", "torch")
 
 
 @dataclass(slots=True)
 class WorkerConfig:
-    model: str  # a Hugging Face folder, a .gguf file, or a shape name with load_format "dummy"
-    load_format: str = "auto"  # "auto" (folder or .gguf) or "dummy" (random weights of a named shape)
-    dtype: str = "float32"
-    quantization: str = "auto"  # "auto": as the checkpoint stores it; "fp8": decoder projections in e4m3 (fp8.py)
-    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8" / "fp8_e4m3": e4m3 with per-layer scales
-    calculate_kv_scales: bool = False  # an FP8 KV cache's scales from the first step (runner/kv_scale_calibration.py)
-    device: str = "cpu"
-    kv_cache_bytes: int = 1 << 30  # the CPU budget for the KV cache
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False  # no CUDA graphs, and every step builds its inputs on the host
-    kernels: str = "auto"  # "auto" (Triton on a GPU, torch on the CPU), "triton" or "torch"
+    model: str = option("", help="a Hugging Face folder or a .gguf file, or a shape name with --load-format dummy "
+                                 "(default: SmolLM2-135M)")
+    load_format: str = option("auto", choices=LOAD_FORMATS,
+                              help="auto: a folder or .gguf file; dummy: random weights of a named shape")
+    dtype: str = option("float32", choices=DTYPES, help="the weights' and activations' dtype")
+    quantization: str = option("auto", choices=QUANTIZATIONS,
+                               help="fp8: the decoder layers' projections in e4m3 with per-channel scales, "
+                                    "activations quantized per token (a GPU needs compute capability 8.9+; the CPU "
+                                    "emulates it); auto: as the checkpoint stores them (a pre-quantized FP8 folder "
+                                    "is served in FP8)")
+    kv_cache_dtype: str = option("auto", choices=("auto", *FP8_KV_CACHE_DTYPES),
+                                 help="fp8 (fp8_e4m3): the KV cache in e4m3 with per-layer k/v scales from the "
+                                      "checkpoint (1.0 where it has none), about twice the blocks of bf16 (a GPU "
+                                      "needs compute capability 8.9+); auto: the model dtype")
+    calculate_kv_scales: bool = option(False, help="with --kv-cache-dtype fp8: each layer's k/v scales from the keys "
+                                                   "and values of the first step, for checkpoints without "
+                                                   "calibrated ones")
+    device: str = option("cpu", help="cpu, cuda or cuda:K")
+    kv_cache_gib: float = option(1.0, help="the KV cache's budget on the CPU, in GiB")
+    gpu_memory_utilization: float = option(0.9, help="the share of the GPU's memory the worker may use")
+    enforce_eager: bool = option(False, help="no CUDA graphs; every step builds its inputs on the host")
+    kernels: str = option("auto", choices=KERNELS, help="auto: Triton kernels on a GPU, plain torch on the CPU")
     seed: int = 0
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = option(1, short="-tp",
+                                       help="worker processes (ranks) that serve one model replica together; with "
+                                            "--device cuda, rank r runs on cuda:r (cuda:K: on cuda:K+r)")
     rank: int = 0  # this worker's tensor-parallel rank
     dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
-    dist_timeout: float = 60.0  # seconds a collective may wait for the other ranks before the worker fails
-    draft_model: str = ""  # speculative method "draft": a smaller model of the same vocabulary (as `model` names it)
-    draft_load_format: str = "auto"
+    dist_timeout: float = option(60.0, help="seconds a rank waits in a collective for the others before it fails")
+    draft_model: str = option("", help="with --speculative-method draft: a smaller model of the same vocabulary "
+                                       "that proposes tokens beside the target (a folder or .gguf file, or a shape "
+                                       "name with --draft-load-format dummy)")
+    draft_load_format: str = option("auto", choices=LOAD_FORMATS, help="--load-format of the draft model")
 
     def __post_init__(self):
         if not 0 <= self.rank < self.tensor_parallel_size:
             raise ValueError(f"rank must be in [0, {self.tensor_parallel_size}), got {self.rank}")
         if self.tensor_parallel_size > 1 and not self.dist_init_address:
             raise ValueError("a tensor-parallel worker needs dist_init_address (HOST:PORT of rank 0)")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("load_format", "draft_load_format"):
-            if getattr(self, name) not in ("auto", "dummy"):
+            if getattr(self, name) not in LOAD_FORMATS:
                 raise ValueError(f"{name} must be 'auto' or 'dummy', got {getattr(self, name)!r}")
-        if self.quantization not in ("auto", "fp8"):
+        if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
-        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
         if self.calculate_kv_scales and self.kv_cache_dtype == "auto":
             raise ValueError("calculate_kv_scales needs an FP8 KV cache (kv_cache_dtype 'fp8')")
-        if self.kernels not in ("auto", "triton", "torch"):
+        if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gib * (1 << 30))
 
     @property
-    def kv_cache_torch_dtype(self) -> torch.dtype:
-        return _KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)
+    def kv_cache_dtype_name(self) -> str:
+        """The KV cache's elements in --kv-cache-dtype's vocabulary, "auto" resolved to --dtype's."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    @property
+    def torch_dtype(self):
+        import torch  # here, not above: the CLI reads these settings in processes that load no model
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def kv_cache_torch_dtype(self):
+        import torch
+
+        return self.torch_dtype if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     @property
     def uses_triton(self) -> bool:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from sluice.core.options import as_flags
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
 from sluice.v1 import worker_pb2, worker_pb2_grpc
@@ -22,6 +23,7 @@ async def serve(config: WorkerConfig, address: str, operations: Operations) -> N
     """Listens at once and reports NOT_SERVING while the ranks meet and the model loads; on shutdown, drains the
     requests it holds. A tensor-parallel rank whose step fails (a lost or stuck peer) raises: its group is broken,
     and the ranks serve again only once all of them start over."""
+    log.info("worker settings: %s", " ".join(as_flags(config, WorkerConfig)))
     async with Service([SERVICE_NAME], "sluice-worker", operations) as service:
         port = await service.start(address)
         group = None

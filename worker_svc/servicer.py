@@ -31,7 +31,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
                              rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
                              draft_model=Path(self.engine.config.draft_model).name,
-                             kv_cache_dtype=self._kv_cache_dtype_name, quantization=config.quantization or "")
+                             kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "")
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:
@@ -41,12 +41,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as error:
             self._break_group(error)
             raise
-        log.info("KV cache: %d blocks of %d tokens in %s", num_blocks, request.block_size, self._kv_cache_dtype_name)
+        log.info("KV cache: %d blocks of %d tokens in %s", num_blocks, request.block_size,
+                 self.engine.config.kv_cache_dtype_name)
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
-
-    @property
-    def _kv_cache_dtype_name(self) -> str:
-        return str(self.engine.kv_cache_dtype).removeprefix("torch.")
 
     async def Execute(self, request_iterator, context):
         """Launches each step as it arrives and streams the outcomes back in order, so step N + 1 is queued on the

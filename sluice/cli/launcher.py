@@ -13,7 +13,7 @@ from typing import NoReturn
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.cli.python_command import sluice_command
+from sluice.cli.python_command import sluice_command, sluice_subcommand
 
 log = logging.getLogger("sluice.serve")
 _POLL_SECONDS = 0.2
@@ -124,7 +124,7 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
         while time.monotonic() < deadline:
             dead = [p for p in processes if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"{' '.join(dead[0].args[3:5])} exited with code {dead[0].returncode}")
+                raise RuntimeError(f"{sluice_subcommand(dead[0].args)} exited with code {dead[0].returncode}")
             try:
                 status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=1).status
                 if status == health_pb2.HealthCheckResponse.SERVING:
@@ -185,7 +185,7 @@ class KeptService:
 
     @property
     def name(self) -> str:
-        return self._name or self.process.args[3]  # python -m sluice.cli <name> ...
+        return self._name or sluice_subcommand(self.process.args)
 
     def poll(self, now: float) -> None:
         if self._restart_at is None:

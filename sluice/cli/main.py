@@ -13,11 +13,14 @@ from sluice.cli.generate_command import add_generate_command
 from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
                                          operations_flags, operations_from)
-from sluice.cli.service_flags import (add_router_limit_options, add_router_process_options, add_scheduler_options,
-                                      add_worker_options, router_limit_flags, scheduler_flags, worker_config_options,
-                                      worker_flags)
+from sluice.cli.service_flags import (add_router_options, add_router_process_options, add_scheduler_options,
+                                      add_worker_options, router_config, router_flags, scheduler_flags,
+                                      scheduler_options, worker_config, worker_flags)
+from sluice.core.options import as_flags
+from sluice.serving.operations import Operations
 
 _DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
+log = logging.getLogger("sluice.cli")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,7 +61,7 @@ def _add_serve(commands) -> None:
     command.add_argument("--openai-metrics-port", type=int, default=29000, help="the gateway's Prometheus port")
     add_worker_options(command)
     add_scheduler_options(command)
-    add_router_limit_options(command)
+    add_router_options(command)
     add_operations_options(command)
     add_access_options(command)
     command.set_defaults(run=_serve)
@@ -69,27 +72,27 @@ def _serve(args) -> None:
     from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, keep_running, start_services,
                                      stop_services, wait_until_routers_serve)
 
-    args.model = args.model or default_model()
+    args.model = args.model or str(default_model())
     gateway = GatewayLayout(args.host, args.openai_port, args.openai_metrics_port) if args.openai_port else None
     if gateway is not None and (args.auth_token or args.tls_cert):
         raise SystemExit("--openai-port: smg presents no token or TLS client setup to its workers; drop "
                          "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
     layout = ServeLayout.on_free_ports(args.host, args.port, args.tensor_parallel_size, args.router_processes)
-    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
-    router_flags += [*access_flags(args), *router_limit_flags(args)]
+    tokenizer = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
+    router = [*tokenizer, *access_flags(args), *router_flags(args)]
     worker, scheduler = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1))
     # metrics ports: router, scheduler, the worker's ranks, then the other routers
     routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + args.tensor_parallel_size + i)
                for i in range(args.router_processes)]
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
-                               [[*router_flags, *router] for router in routers])
+                               [[*router, *operations] for operations in routers])
     services = [KeptService(process, RestartBackoff()) for process in processes]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         wait_until_routers_serve(layout, args.startup_timeout, processes)
-        print(f"sluice is serving {args.model.name} on {layout.router_address}", flush=True)
+        print(f"sluice is serving {Path(args.model).name} on {layout.router_address}", flush=True)
         if gateway is not None:
-            smg = subprocess.Popen(gateway_command(gateway, layout.router_process_addresses, args.model))
+            smg = subprocess.Popen(gateway_command(gateway, layout.router_process_addresses, Path(args.model)))
             services.append(KeptService(smg, RestartBackoff(), name="gateway"))
             wait_until_gateway_serves(gateway, args.startup_timeout, smg)
             print(f"the OpenAI API is on {gateway.url}/v1", flush=True)
@@ -116,16 +119,13 @@ def _add_worker(commands) -> None:
 
 def _worker(args) -> None:
     from sluice.cli.rank_group import rank_device, run_rank_group
-    from sluice.worker.config import WorkerConfig
     from sluice.worker.server import serve
 
     if args.tensor_parallel_size > 1 and args.rank is None:
         sys.exit(run_rank_group(args, operations_flags))
     rank = args.rank or 0
-    config = WorkerConfig(model=str(args.model or default_model()), device=rank_device(args.device, rank),
-                          tensor_parallel_size=args.tensor_parallel_size, rank=rank,
-                          dist_init_address=args.dist_init_address or "", dist_timeout=args.dist_timeout,
-                          **worker_config_options(args))
+    config = worker_config(args, model=args.model or str(default_model()), device=rank_device(args.device, rank),
+                           rank=rank, dist_init_address=args.dist_init_address or "")
     _run_service(args, lambda operations: serve(config, args.listen, operations))
 
 
@@ -143,13 +143,8 @@ def _add_scheduler(commands) -> None:
 def _scheduler(args) -> None:
     from sluice.scheduler.server import serve
 
-    _run_service(args, lambda operations: serve(
-        args.worker.split(","), args.listen, operations, num_blocks=args.num_blocks, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching, policy=args.policy,
-        max_waiting_requests=args.max_waiting_requests, max_waiting_tokens=args.max_waiting_tokens,
-        speculative_method=args.speculative_method, num_speculative_tokens=args.num_speculative_tokens,
-        ngram_min=args.ngram_min, ngram_max=args.ngram_max))
+    _run_service(args, lambda operations: serve(args.worker.split(","), args.listen, operations,
+                                                **scheduler_options(args)))
 
 
 def _add_router(commands) -> None:
@@ -163,7 +158,7 @@ def _add_router(commands) -> None:
                          help="the scheduler's address; comma-separated to balance over several replicas")
     command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
     command.add_argument("--no-tokenizer", action="store_true", help="token ids in and out (random-weight models)")
-    add_router_limit_options(command)
+    add_router_options(command)
     add_operations_options(command)
     add_access_options(command)
     command.set_defaults(run=_router)
@@ -176,7 +171,7 @@ def _router(args) -> None:
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
     schedulers = args.scheduler.split(",")
     _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen.split(","), operations,
-                                                interceptors, credentials, max_request_bytes=args.max_request_bytes,
+                                                interceptors, credentials, config=router_config(args),
                                                 share_port=args.share_port))
 
 
@@ -190,6 +185,7 @@ def _run_service(args, serve) -> None:
     """Runs serve(operations) until a signal: SIGTERM or SIGINT drains the service, a second one stops it at once."""
     async def run():
         operations = operations_from(args, _tracing_enabled())
+        log.info("%s operations: %s", args.command, " ".join(as_flags(operations, Operations)))
         task = asyncio.current_task()
 
         def on_signal():

@@ -3,28 +3,25 @@ from pathlib import Path
 
 import grpc
 
+from sluice.core.options import add_options, as_flags, option_values
 from sluice.serving.auth import BearerTokenAuth
 from sluice.serving.operations import Operations
 
 
 def add_operations_options(parser) -> None:
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="seconds in-flight work may take to finish after SIGTERM")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics over HTTP on this port")
-    parser.add_argument("--metrics-host", default="0.0.0.0")
+    add_options(parser, Operations)
 
 
 def operations_flags(args, metrics_port_offset: int) -> list[str]:
     """The operations options again as flags, for `sluice serve` to pass on; each service gets its own metrics port."""
-    flags = ["--drain-timeout", str(args.drain_timeout), "--metrics-host", args.metrics_host]
-    if args.metrics_port is not None:
-        flags += ["--metrics-port", str(args.metrics_port + metrics_port_offset)]
-    return flags
+    values = option_values(args, Operations)
+    if values["metrics_port"] is not None:
+        values["metrics_port"] += metrics_port_offset
+    return as_flags(values, Operations)
 
 
 def operations_from(args, tracing: bool) -> Operations:
-    return Operations(drain_timeout=args.drain_timeout, metrics_port=args.metrics_port,
-                      metrics_host=args.metrics_host, tracing=tracing)
+    return Operations(**option_values(args, Operations), tracing=tracing)
 
 
 def add_access_options(parser) -> None:

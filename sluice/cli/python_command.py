@@ -9,3 +9,8 @@ def python_command(*args: str) -> list[str]:
 
 def sluice_command(*args: str) -> list[str]:
     return python_command("-m", "sluice.cli", *args)
+
+
+def sluice_subcommand(command: list[str]) -> str:
+    """The `sluice` subcommand that a sluice_command line runs ("worker", "router", ...)."""
+    return command[command.index("sluice.cli") + 1]

@@ -47,7 +47,7 @@ def run_rank_group(args, operations_flags) -> int:
     processes = [
         subprocess.Popen([*sluice_command("--log-level", str(args.log_level), "worker"),
                           "--listen", address, "--rank", str(rank), "--dist-init-address", init_address,
-                          *worker_flags(args), "--device", _group_device(args.device, rank),
+                          *worker_flags(args, device=_group_device(args.device, rank)),
                           *operations_flags(args, metrics_port_offset=rank)])
         for rank, address in enumerate(rank_addresses(args.listen, args.tensor_parallel_size))
     ]

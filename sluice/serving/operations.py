@@ -1,5 +1,8 @@
+"""How a service is run: shutdown and drain, metrics, tracing."""
 import asyncio
 from dataclasses import dataclass, field
+
+from sluice.core.options import option
 
 
 @dataclass(slots=True)
@@ -7,9 +10,9 @@ class Operations:
     """How a service is run: the signal to stop on, how long to drain, where to expose metrics, whether to trace."""
 
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)  # set on SIGTERM: drain, then exit
-    drain_timeout: float = 30.0  # seconds in-flight work may take to finish after shutdown
-    metrics_port: int | None = None  # HTTP /metrics (Prometheus) on this port when set
-    metrics_host: str = "0.0.0.0"
+    drain_timeout: float = option(30.0, help="seconds in-flight work may take to finish after SIGTERM")
+    metrics_port: int | None = option(None, help="serve Prometheus /metrics over HTTP on this port")
+    metrics_host: str = option("0.0.0.0", help="the address of --metrics-port")
     tracing: bool = False  # export spans over OTLP; the standard OTEL_* variables configure the exporter
 
     def __post_init__(self):

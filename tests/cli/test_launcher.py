@@ -7,7 +7,7 @@ from sluice.cli.launcher import KeptService, RestartBackoff
 
 
 def _exits_at_once() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)", "quitter"])
+    return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)", "sluice.cli", "quitter"])
 
 
 def _restarted(service: KeptService, now: float) -> bool:

@@ -38,7 +38,7 @@ def test_served_fp8_cache_generates_what_the_fp8_engine_does(default_model_dir, 
             tokens=pb.TokenIds(ids=prompt),
             sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))) for prompt in prompts]
         assert services.wait_until_idle().num_free_blocks == info.num_kv_blocks  # no block held after the requests
-    assert (info.kv_cache_dtype, info.quantization) == ("float8_e4m3fn", "")
+    assert (info.kv_cache_dtype, info.quantization) == ("fp8", "")
     assert info.num_kv_blocks == (1 << 30) // (30 * 2 * 3 * 64 * 16)  # the default 1 GiB in one-byte elements
     assert [result.usage["cached_tokens"] for result in results] == [0, 16]
     assert [list(result.token_ids) for result in results] == expected

@@ -47,7 +47,7 @@ def test_served_fp8_checkpoint_generates_what_the_engine_loads_from_it(default_m
     expected = run_greedy(engine, [hf_tokenizer(PROMPT).input_ids], MAX_TOKENS, chunk=1000)[0]
     with running_services(folder, worker_args=["--kv-cache-dtype", "fp8"]) as services:
         info = services.client.model_info()
-        assert (info.quantization, info.kv_cache_dtype) == ("fp8", "float8_e4m3fn")
+        assert (info.quantization, info.kv_cache_dtype) == ("fp8", "fp8")
         result = services.client.generate(pb.GenerateRequest(
             text=PROMPT, sampling=sampling_params(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)))
     assert list(result.token_ids) == expected

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 from sluice.cli.bench.grpc_load import run_load
 from sluice.cli.bench.workload import random_workload
 from sluice.cli.launcher import free_ports, stop_services
-from sluice.cli.python_command import sluice_command
+from sluice.cli.python_command import sluice_command, sluice_subcommand
 from sluice.client import SluiceClient, text_request
 from tests.e2e.services import generate_once_served, wait_for_health, wait_for_serve
 
@@ -22,7 +22,8 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def _routers(serve: subprocess.Popen) -> list[psutil.Process]:
-    return [child for child in psutil.Process(serve.pid).children() if child.cmdline()[3:4] == ["router"]]
+    children = psutil.Process(serve.pid).children()
+    return [child for child in children if sluice_subcommand(child.cmdline()) == "router"]
 
 
 def _own_address(router: psutil.Process) -> str:

@@ -7,7 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from sluice.cli.launcher import free_port, stop_services
-from sluice.cli.python_command import sluice_command
+from sluice.cli.python_command import sluice_command, sluice_subcommand
 from sluice.client import SluiceClient, text_request
 from tests.e2e.services import generate_once_served, wait_for_health, wait_for_serve
 
@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 
 def _service_process(serve: subprocess.Popen, name: str) -> psutil.Process:
     """The child of `sluice serve` that runs `python -m sluice.cli <name>`."""
-    return next(child for child in psutil.Process(serve.pid).children() if child.cmdline()[3:4] == [name])
+    children = psutil.Process(serve.pid).children()
+    return next(child for child in children if sluice_subcommand(child.cmdline()) == name)
 
 
 def test_serve_restarts_a_killed_worker(default_model_dir):

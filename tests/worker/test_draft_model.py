@@ -11,7 +11,7 @@ from sluice.worker.models.shapes import shape_config
 from sluice.worker.models.weights import to_worker_layout
 from sluice.worker.runner.kv_cache import bytes_per_block
 
-CONFIG = WorkerConfig(model="SmolLM2-tiny", load_format="dummy", kv_cache_bytes=1 << 20)
+CONFIG = WorkerConfig(model="SmolLM2-tiny", load_format="dummy", kv_cache_gib=1 / 1024)
 
 
 def _checkpoint(**overrides) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -59,7 +59,7 @@ def test_fp8_pool_holds_twice_the_blocks_of_bf16():
     num_blocks = {}
     for kv_cache_dtype in ("auto", "fp8"):
         engine = WorkerEngine.load(WorkerConfig(model="SmolLM2-135M", load_format="dummy", dtype="bfloat16",
-                                                kv_cache_dtype=kv_cache_dtype, kv_cache_bytes=64 << 20))
+                                                kv_cache_dtype=kv_cache_dtype, kv_cache_gib=1 / 16))
         num_blocks[kv_cache_dtype] = engine.init_cache(16)
         assert {cache.dtype for pair in engine.runner.kv_caches for cache in pair} == \
             {torch.bfloat16 if kv_cache_dtype == "auto" else FP8}

@@ -10,7 +10,7 @@ from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
-                                      scheduler_flags, worker_config_options, worker_flags)
+                                      scheduler_flags, scheduler_options, worker_config, worker_flags)
 
 
 def add_bench_commands(commands) -> None:
@@ -74,10 +74,10 @@ def _vocab_size(args) -> int:
 
 
 def _resolve_model(args) -> None:
-    if args.model is None:
+    if not args.model:
         from sluice.cli.model_store import default_model
 
-        args.model = default_model()
+        args.model = str(default_model())
 
 
 def _workload(args) -> list[BenchRequest]:
@@ -101,7 +101,7 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
 
     layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size,
                                        router_processes=args.router_processes)
-    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", str(args.model)]
+    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
     processes = start_services(layout, worker_flags(args), scheduler_flags(args),
                                [router_flags] * args.router_processes)
     connections = args.connections or connections_for(args.router_processes)
@@ -131,15 +131,10 @@ def _offline_engine(args, enable_prefix_caching: bool):
     if args.tensor_parallel_size > 1:
         raise SystemExit("--in-process runs one worker; a tensor-parallel replica is measured through the gRPC stack")
     from sluice.cli.offline import OfflineEngine
-    from sluice.worker.config import WorkerConfig
     from sluice.worker.engine import WorkerEngine
 
-    worker = WorkerEngine.load(WorkerConfig(model=str(args.model), device=args.device, **worker_config_options(args)))
-    return OfflineEngine(worker, args.block_size, args.num_blocks, max_num_seqs=args.max_num_seqs,
-                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                         enable_prefix_caching=enable_prefix_caching, speculative_method=args.speculative_method,
-                         num_speculative_tokens=args.num_speculative_tokens, ngram_min=args.ngram_min,
-                         ngram_max=args.ngram_max)
+    worker = WorkerEngine.load(worker_config(args))
+    return OfflineEngine(worker, **{**scheduler_options(args), "enable_prefix_caching": enable_prefix_caching})
 
 
 def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
@@ -151,7 +146,7 @@ def _timed_generate(engine, requests: list[BenchRequest]) -> tuple[int, float]:
 
 
 def _in_process(args, requests: list[BenchRequest]) -> dict:
-    engine = _offline_engine(args, enable_prefix_caching=not args.no_prefix_caching)
+    engine = _offline_engine(args, enable_prefix_caching=args.enable_prefix_caching)
     _timed_generate(engine, _warm_up(args))
     output_tokens, duration = _timed_generate(engine, requests)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
