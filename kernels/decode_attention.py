@@ -1,4 +1,7 @@
-"""Paged decode attention: one new query token per sequence against its whole cached context (flash-decoding)."""
+"""Paged decode attention: one new query token per sequence against its whole cached context (flash-decoding).
+
+The rows of a speculative verification (a request's newest token and its proposals) share one program, which reads
+the context once for all of them. An FP8 cache is read as int32 words of four elements."""
 import math
 
 import torch

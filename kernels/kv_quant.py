@@ -2,7 +2,8 @@
 
 An FP8 cache holds float8 e4m3 elements with one float32 scale per cache tensor (a layer's keys, or its values):
 stored = clamp(x / scale) to e4m3's range, and x is read back as stored * scale in float32. A cache in the model's
-dtype takes no scales and holds x as it is.
+dtype takes no scales and holds x as it is. Writing an FP8 cache needs a GPU: Triton's interpreter (the CPU) rounds
+FP8 stores wrongly.
 """
 import torch
 import triton

@@ -2,7 +2,8 @@
 
 Layout (per layer): key_cache and value_cache are [num_blocks, block_size, num_kv_heads, head_dim]; a token's slot
 id is block_id * block_size + offset; block_tables is int32 [num_seqs, max_blocks_per_seq], padded with 0. The caches
-are in the query's dtype, or FP8 with a float32 scale each (kernels.kv_quant).
+are in the query's dtype, or FP8 with a float32 scale each (kernels.kv_quant). FP8 elements go into float16 dots as
+they load, the k scale multiplying the scores and the v scale the probabilities.
 """
 import torch
 import triton
