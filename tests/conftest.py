@@ -1,8 +1,13 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Processes the tests spawn (torch.multiprocessing) import the tests package by name. The checkout goes after the
+# installed packages, so its router/ and kernels/ folders shadow nothing (Hugging Face's `kernels` among them).
+sys.path.append(str(Path(__file__).parents[1]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter on the CPU
