@@ -18,9 +18,9 @@ import triton.testing
 from sluice.kernels import fused_add_rms_norm, paged_decode_attention, rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
 from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
 from sluice.kernels.kv_quant import KV_FP8
-from sluice.worker.models.attention_metadata import rows_per_program
-from sluice.worker.models.model_config import ModelConfig
-from sluice.worker.models.shapes import shape_config
+from sluice.worker.loading.shapes import shape_config
+from sluice.worker.models.config import ModelConfig
+from sluice.worker.ops.attention_metadata import rows_per_program
 
 DTYPE = torch.bfloat16
 ROWS = (1, 64, 400, 2048, 8192)

@@ -15,9 +15,9 @@ from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.dummy_weights import dummy_checkpoint
-from sluice.worker.models.model_config import ModelConfig
-from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.loading.dummy_weights import dummy_checkpoint
+from sluice.worker.loading.weights import to_worker_layout
+from sluice.worker.models.config import ModelConfig
 
 NUM_PROMPTS, NEW_TOKENS = 8, 32
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only for a dry run of this script

@@ -19,8 +19,8 @@ import triton.testing
 
 from sluice.kernels import fused_add_rms_norm, fused_linear, fused_linear_ref, silu_and_mul
 from sluice.kernels.fp8_quant import quantize_rows_fp8
-from sluice.worker.models.fp8 import quantize_rows
-from sluice.worker.models.fp8_gemm import scaled_mm_fp8_linear
+from sluice.worker.ops.fp8 import quantize_rows
+from sluice.worker.ops.fp8_gemm import scaled_mm_fp8_linear
 
 DTYPE = torch.bfloat16
 STREAMED_BYTES = 512 << 20  # weight bytes per timed call, several times the 60 MB L2

@@ -3,7 +3,7 @@
 
 torch._scaled_mm as the FP8 linear layers call it (row-wise scales, fast accumulation, bf16 out) at a model shape's
 four projections, for every row count in steps of 16: as it is, padded to the next multiple of 64, 128 and 256,
-and at the rows `sluice.worker.models.fp8_gemm.scaled_mm_rows` runs it at. Prints one line per row count (us) and the row
+and at the rows `sluice.worker.ops.fp8_gemm.scaled_mm_rows` runs it at. Prints one line per row count (us) and the row
 counts where some padding beats the rule by more than 5% on the four together.
 """
 import argparse
@@ -12,10 +12,10 @@ import json
 import torch
 import triton.testing
 
-from sluice.worker.models.fp8 import FP8
-from sluice.worker.models.fp8_gemm import scaled_mm_rows
-from sluice.worker.models.model_config import ModelConfig
-from sluice.worker.models.shapes import shape_config
+from sluice.worker.loading.shapes import shape_config
+from sluice.worker.models.config import ModelConfig
+from sluice.worker.ops.fp8 import FP8
+from sluice.worker.ops.fp8_gemm import scaled_mm_rows
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
@@ -37,7 +37,7 @@ def gemm_us(weight: torch.Tensor, weight_scale: torch.Tensor, x_q: torch.Tensor,
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="?", default="scaled_mm_rows.json")
-    parser.add_argument("--model", default="Llama-3.1-8B", help="a model shape (sluice.worker.models.shapes)")
+    parser.add_argument("--model", default="Llama-3.1-8B", help="a model shape (sluice.worker.loading.shapes)")
     parser.add_argument("--max-rows", type=int, default=1024)
     args = parser.parse_args()
     shapes = projections(args.model)

@@ -6,18 +6,18 @@ import torch
 
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.worker.config import WorkerConfig
+from sluice.worker.loading.dummy_weights import dummy_checkpoint
+from sluice.worker.loading.kv_scales import with_kv_scales
+from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
-from sluice.worker.models.dummy_weights import dummy_checkpoint
-from sluice.worker.models.fp8 import FP8, keep_stored_precision, quantize_linear_weights
-from sluice.worker.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
-from sluice.worker.models.kv_scales import with_kv_scales
-from sluice.worker.models.model_config import ModelConfig
 from sluice.worker.models.registry import traits_for
 from sluice.worker.models.rope import build_cos_sin_cache
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
-from sluice.worker.models.torch_ops import TorchOps
-from sluice.worker.models.weights import load_checkpoint, to_worker_layout
+from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
+from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
+from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.parallel.group import TensorParallelGroup
 from sluice.worker.runner.decode_graphs import DecodeGraphs
 from sluice.worker.runner.draft_proposer import DraftProposer
@@ -216,7 +216,7 @@ def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     if not config.uses_triton:
         return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
     try:
-        from sluice.worker.models.triton_ops import TritonOps
+        from sluice.worker.ops.triton_kernels import TritonOps
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error

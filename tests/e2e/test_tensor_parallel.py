@@ -17,7 +17,7 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from sluice.v1 import generation_pb2 as pb
-from sluice.worker.models.dummy_weights import random_state_dict
+from sluice.worker.loading.dummy_weights import random_state_dict
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.worker.test_model_families import _TINY, FAMILIES

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from sluice.kernels import decode_step_inputs, decode_step_inputs_ref
-from sluice.worker.models.torch_ops import TorchOps
+from sluice.worker.ops.plain_torch import TorchOps
 
 
 def _inputs(device, num_rows: int, block_size: int, max_blocks: int = 7):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from sluice.worker.models.fp8 import FP8_MAX, quantize_rows, to_fp8
+from sluice.worker.ops.fp8 import FP8_MAX, quantize_rows, to_fp8
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read (it quantizes per token)

@@ -3,8 +3,8 @@ import torch
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.attention_metadata import AttentionMetadata
 from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.kv_cache import allocate_kv_cache
 
 BLOCK_SIZE = 16

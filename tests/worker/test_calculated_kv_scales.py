@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.dummy_weights import random_state_dict
-from sluice.worker.models.fp8 import FP8_MAX
+from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.ops.fp8 import FP8_MAX
 from sluice.worker.runner.kv_scale_calibration import KEY_HEADROOM, VALUE_HEADROOM
 from tests.worker.stepping import prompt_logits, run_greedy
 from tests.worker.test_model_families import _TINY, FAMILIES

@@ -5,10 +5,10 @@ import torch
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.dummy_weights import random_state_dict
-from sluice.worker.models.model_config import ModelConfig
-from sluice.worker.models.shapes import shape_config
-from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.shapes import shape_config
+from sluice.worker.loading.weights import to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.runner.kv_cache import bytes_per_block
 
 CONFIG = WorkerConfig(model="SmolLM2-tiny", load_format="dummy", kv_cache_gib=1 / 1024)

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sluice.worker.models.fp8 import FP8, dequantize_rows, quantize_linear_weights, quantize_rows
-from sluice.worker.models.fp8_gemm import emulated_fp8_linear, fp8_gemm_for, scaled_mm_fp8_linear, scaled_mm_rows
+from sluice.worker.ops.fp8 import FP8, dequantize_rows, quantize_linear_weights, quantize_rows
+from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for, scaled_mm_fp8_linear, scaled_mm_rows
 
 
 @pytest.fixture

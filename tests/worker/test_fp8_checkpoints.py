@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.fp8 import FP8, quantize_rows
-from sluice.worker.models.fp8_checkpoint import checkpoint_quantization
-from sluice.worker.models.fp8_gemm import fp8_gemm_for
+from sluice.worker.loading.fp8_checkpoint import checkpoint_quantization
+from sluice.worker.loading.weights import load_checkpoint
 from sluice.worker.models.shard_layout import ShardLayout
-from sluice.worker.models.weights import load_checkpoint
+from sluice.worker.ops.fp8 import FP8, quantize_rows
+from sluice.worker.ops.fp8_gemm import fp8_gemm_for
 from tests.worker.fp8_checkpoints import BLOCK, write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import prompt_logits

@@ -7,8 +7,8 @@ import torch
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.dummy_weights import random_state_dict
-from sluice.worker.models.kv_scales import with_kv_scales
+from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.kv_scales import with_kv_scales
 from tests.worker.stepping import run_greedy
 from tests.worker.test_model_families import _TINY, FAMILIES
 

@@ -6,9 +6,9 @@ import torch
 
 from sluice import kernels
 from sluice.kernels.fp8_quant import quantize_rows_fp8
-from sluice.worker.models.fp8 import Fp8Linear, quantize_rows
-from sluice.worker.models.fp8_gemm import fp8_gemm_for
-from sluice.worker.models.triton_ops import TritonOps, UngatedRows
+from sluice.worker.ops.fp8 import Fp8Linear, quantize_rows
+from sluice.worker.ops.fp8_gemm import fp8_gemm_for
+from sluice.worker.ops.triton_kernels import TritonOps, UngatedRows
 
 HIDDEN, INTERMEDIATE = 64, 96
 

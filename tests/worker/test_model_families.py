@@ -4,9 +4,9 @@ import torch
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.dummy_weights import random_state_dict
-from sluice.worker.models.model_config import ModelConfig
-from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.weights import to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from tests.worker.stepping import run_greedy
 
 _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -6,8 +6,8 @@ import torch
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.attention_metadata import AttentionMetadata
 from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.kv_cache import allocate_kv_cache
 from sluice.worker.runner.piecewise_graphs import MAX_CAPTURED_TOKENS, PiecewiseGraphs, token_count_ladder
 

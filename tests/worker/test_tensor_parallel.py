@@ -6,12 +6,12 @@ import torch
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.attention_metadata import AttentionMetadata
-from sluice.worker.models.dummy_weights import random_state_dict
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.weights import to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.rope import build_cos_sin_cache
 from sluice.worker.models.shard_layout import ShardLayout
-from sluice.worker.models.weights import to_worker_layout
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.kv_cache import allocate_kv_cache
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import run_greedy

@@ -3,10 +3,10 @@ random weights drawn per shard all give the slice of the whole model's weights t
 import torch
 
 from sluice.cli.model_store import default_gguf_path
-from sluice.worker.models.dummy_weights import dummy_checkpoint
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.loading.dummy_weights import dummy_checkpoint
+from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.shard_layout import ShardLayout
-from sluice.worker.models.weights import load_checkpoint, to_worker_layout
 
 RANK, WORLD_SIZE = 2, 3  # the last rank of SmolLM2's 3: the shortest vocabulary split would be padded
 

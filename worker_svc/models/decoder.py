@@ -6,10 +6,10 @@ Tokens of all sequences in a step are flattened into one batch: [num_tokens, hid
 import torch
 from torch import nn
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
-from sluice.worker.models.fp8 import FP8, Fp8Linear
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits
+from sluice.worker.ops.attention_metadata import AttentionMetadata
+from sluice.worker.ops.fp8 import FP8, Fp8Linear
 
 
 def linear_layer(config: ModelConfig, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
@@ -45,7 +45,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
         self.scale = self.head_dim**-0.5
-        # float32 scalars an FP8 KV cache's keys and values are stored divided by (kv_scales.py)
+        # float32 scalars an FP8 KV cache's keys and values are stored divided by (loading/kv_scales.py)
         self.register_buffer("k_scale", torch.ones(()))
         self.register_buffer("v_scale", torch.ones(()))
         self.ops = ops

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.config import ModelConfig
 
 _Q_ROWS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias")
 _KV_ROWS = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import MLP, Attention, DecoderLM
-from sluice.worker.models.model_config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.parallel.group import TensorParallelGroup

@@ -9,7 +9,7 @@ the host but their rows (`keep_first`, `move_rows`) and the blocks they were giv
 """
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata, rows_per_program
+from sluice.worker.ops.attention_metadata import AttentionMetadata, rows_per_program
 
 
 def batch_size_ladder(max_batch_size: int) -> list[int]:

@@ -10,7 +10,7 @@ host, a pass's host-side inputs go up in one copy, and the passes replay the dra
 import numpy as np
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.batch_state import BatchState, RequestState
 from sluice.worker.runner.forward_pass import ForwardPass
 from sluice.worker.runner.step_inputs import SampledTokens, StepInputBuilder

@@ -4,7 +4,7 @@ around eager attention, and any other runs eagerly. The target model and a draft
 calculate_kv_scales, the first step runs eagerly and sets the FP8 KV cache's scales (kv_scale_calibration.py)."""
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.decode_graphs import DecodeGraphs
 from sluice.worker.runner.kv_scale_calibration import with_calculated_kv_scales
 from sluice.worker.runner.piecewise_graphs import PiecewiseGraphs

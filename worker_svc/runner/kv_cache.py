@@ -1,6 +1,6 @@
 import torch
 
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.models.config import ModelConfig
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -11,8 +11,8 @@ from typing import TypeVar
 import torch
 
 from sluice.worker.models.decoder import Attention
-from sluice.worker.models.fp8 import FP8_MAX
-from sluice.worker.models.torch_ops import TorchOps
+from sluice.worker.ops.fp8 import FP8_MAX
+from sluice.worker.ops.plain_torch import TorchOps
 
 log = logging.getLogger("sluice.worker")
 KEY_HEADROOM = 2.0  # keys may grow to twice the first step's absolute maximum before they are clipped

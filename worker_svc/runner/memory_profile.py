@@ -1,6 +1,6 @@
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.kv_cache import allocate_kv_cache
 
 

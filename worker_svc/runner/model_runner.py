@@ -6,7 +6,7 @@ import torch
 
 from sluice.core.logprobs import LogprobRows
 from sluice.core.step_plan import StepOutcome, StepPlan
-from sluice.worker.models.attention_metadata import rows_per_program
+from sluice.worker.ops.attention_metadata import rows_per_program
 from sluice.worker.runner.batch_state import BatchState, RequestState
 from sluice.worker.runner.decode_continuation import DecodeContinuation
 from sluice.worker.runner.draft_proposer import DraftProposer

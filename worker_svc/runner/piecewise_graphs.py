@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 
 MAX_CAPTURED_TOKENS = 512
 

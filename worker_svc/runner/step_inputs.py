@@ -14,7 +14,7 @@ from itertools import chain, repeat
 import numpy as np
 import torch
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
+from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.batch_state import BatchState, RequestState
 
 

@@ -67,7 +67,7 @@ def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int],
 
 def _vocab_size(args) -> int:
     if args.load_format == "dummy":
-        from sluice.worker.models.shapes import shape_config
+        from sluice.worker.loading.shapes import shape_config
 
         return shape_config(str(args.model))["vocab_size"]
     return json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]

@@ -12,7 +12,7 @@ def load_hf_model(model: str, load_format: str, dtype: torch.dtype, device: str)
 
     if load_format != "dummy":
         return AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
-    from sluice.worker.models.dummy_weights import dummy_checkpoint
+    from sluice.worker.loading.dummy_weights import dummy_checkpoint
 
     hf_config, state = dummy_checkpoint(model, dtype, torch.device(device))
     with torch.device(device):

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from sluice.worker.models.fp8 import quantize_rows
+from sluice.worker.ops.fp8 import quantize_rows
 
 RowQuantizer = Callable[[torch.Tensor, int | None, float | None], tuple[torch.Tensor, torch.Tensor]]
 

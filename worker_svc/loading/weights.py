@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from sluice.worker.models.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
+from sluice.worker.loading.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
                                                  weight_block_size)
-from sluice.worker.models.fp8_scales import per_channel_from_blocks, per_channel_scales
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channel_scales
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.shard_layout import ShardLayout, pad_shard
 
 log = logging.getLogger("sluice.worker")

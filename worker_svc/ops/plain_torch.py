@@ -2,9 +2,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sluice.worker.models.attention_metadata import AttentionMetadata
-from sluice.worker.models.fp8 import FP8, to_fp8
-from sluice.worker.models.fp8_gemm import Fp8Gemm, emulated_fp8_linear
+from sluice.worker.ops.attention_metadata import AttentionMetadata
+from sluice.worker.ops.fp8 import FP8, to_fp8
+from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_fp8_linear
 
 
 class TorchOps:

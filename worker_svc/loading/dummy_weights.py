@@ -1,9 +1,9 @@
 """Random weights of a named shape, in Hugging Face layout, so the same tensors can also feed transformers."""
 import torch
 
-from sluice.worker.models.model_config import ModelConfig
+from sluice.worker.loading.shapes import shape_config
+from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import traits_for
-from sluice.worker.models.shapes import shape_config
 from sluice.worker.models.shard_layout import ShardLayout
 
 INIT_STD = 0.02

@@ -1,7 +1,7 @@
 """A pre-quantized checkpoint's FP8 weight scales in the worker's layout: one float32 scale per output channel."""
 import torch
 
-from sluice.worker.models.fp8 import quantize_rows
+from sluice.worker.ops.fp8 import quantize_rows
 
 
 def per_channel_scales(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

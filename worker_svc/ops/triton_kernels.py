@@ -5,10 +5,10 @@ from torch import nn
 
 from sluice import kernels
 from sluice.kernels.fp8_quant import quantize_rows_fp8
-from sluice.worker.models.attention_metadata import AttentionMetadata
-from sluice.worker.models.fp8 import FP8
-from sluice.worker.models.fp8_gemm import QuantizedRows
-from sluice.worker.models.torch_ops import TorchOps
+from sluice.worker.ops.attention_metadata import AttentionMetadata
+from sluice.worker.ops.fp8 import FP8
+from sluice.worker.ops.fp8_gemm import QuantizedRows
+from sluice.worker.ops.plain_torch import TorchOps
 
 
 def _is_one_row(x: torch.Tensor) -> bool:

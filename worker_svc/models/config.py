@@ -19,7 +19,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
-    quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (fp8.py)
+    quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py)
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
 
     def __post_init__(self):
