@@ -11,7 +11,7 @@ from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_from_pb, outcome_to_pb
 from sluice.scheduler.outputs import RequestUpdate
-from sluice.scheduler.updates_pb import step_update_to_pb
+from sluice.scheduler.routers.updates_pb import step_update_to_pb
 from sluice.v1 import scheduler_pb2, worker_pb2
 from sluice.worker.sampling.token_logprobs import LogprobTensors
 

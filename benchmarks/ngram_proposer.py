@@ -7,8 +7,8 @@ import statistics
 import time
 
 from sluice.core.sampling_params import SamplingParams
-from sluice.scheduler.ngram_proposer import NgramProposer
 from sluice.scheduler.request import Request
+from sluice.scheduler.speculation.ngram_proposer import NgramProposer
 
 
 def bench(num_requests: int, context_len: int, num_steps: int, num_tokens: int, ngram_min: int,

@@ -6,15 +6,15 @@ from collections import deque
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.step_plan import StepPlan
-from sluice.scheduler.kv_event_log import KvEventLog
-from sluice.scheduler.outbox import Outbox
+from sluice.scheduler.kv_cache.event_log import KvEventLog
 from sluice.scheduler.outputs import RequestUpdate
 from sluice.scheduler.pipeline_depth import PipelineDepth
 from sluice.scheduler.request import Request
-from sluice.scheduler.request_telemetry import SchedulerTelemetry
-from sluice.scheduler.router_sessions import RouterSessions
+from sluice.scheduler.routers.outbox import Outbox
+from sluice.scheduler.routers.sessions import RouterSessions
 from sluice.scheduler.scheduler import Scheduler
-from sluice.scheduler.worker_group import WorkerGroup
+from sluice.scheduler.telemetry.requests import SchedulerTelemetry
+from sluice.scheduler.workers.group import WorkerGroup
 
 log = logging.getLogger("sluice.scheduler")
 _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines

@@ -10,13 +10,13 @@ from sluice.core.finish_reason import FinishReason
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from sluice.scheduler.admission import check_queue_room, validate_request
-from sluice.scheduler.block_manager import NO_PREFIX_HIT, BlockManager
 from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.kv_cache.block_manager import NO_PREFIX_HIT, BlockManager
 from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
 from sluice.scheduler.parallel_sampling import SampleGroups, split_samples
 from sluice.scheduler.request import Request, RequestStatus
 from sluice.scheduler.request_queue import WaitingQueue, policy_key
-from sluice.scheduler.speculation import SpecDecodeStats, Speculation
+from sluice.scheduler.speculation.policy import SpecDecodeStats, Speculation
 from sluice.scheduler.stop_check import check_stop
 
 RUNNING = RequestStatus.RUNNING

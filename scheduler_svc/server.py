@@ -6,16 +6,16 @@ import logging
 from sluice.core.options import as_flags
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.engine_loop import EngineLoop
-from sluice.scheduler.kv_event_log import KvEventLog
-from sluice.scheduler.load_metrics import SchedulerLoadCollector
-from sluice.scheduler.metrics import SchedulerMetrics
-from sluice.scheduler.request_telemetry import SchedulerTelemetry
-from sluice.scheduler.router_sessions import RouterSessions
+from sluice.scheduler.kv_cache.event_log import KvEventLog
+from sluice.scheduler.routers.sessions import RouterSessions
 from sluice.scheduler.scheduler import Scheduler
 from sluice.scheduler.servicer import SchedulerServicer
-from sluice.scheduler.worker_client import WorkerClient
-from sluice.scheduler.worker_group import WorkerGroup
-from sluice.scheduler.worker_supervisor import WorkerSupervisor
+from sluice.scheduler.telemetry.load_metrics import SchedulerLoadCollector
+from sluice.scheduler.telemetry.metrics import SchedulerMetrics
+from sluice.scheduler.telemetry.requests import SchedulerTelemetry
+from sluice.scheduler.workers.client import WorkerClient
+from sluice.scheduler.workers.group import WorkerGroup
+from sluice.scheduler.workers.supervisor import WorkerSupervisor
 from sluice.serving.operations import Operations
 from sluice.serving.service import Service
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2

@@ -4,10 +4,10 @@ from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb
 from sluice.scheduler.engine_loop import EngineLoop
-from sluice.scheduler.kv_events_pb import kv_event_batch_to_pb
-from sluice.scheduler.outbox import Outbox
-from sluice.scheduler.router_sessions import RouterSessions
-from sluice.scheduler.updates_pb import load_to_pb, request_from_pb
+from sluice.scheduler.kv_cache.events_pb import kv_event_batch_to_pb
+from sluice.scheduler.routers.outbox import Outbox
+from sluice.scheduler.routers.sessions import RouterSessions
+from sluice.scheduler.routers.updates_pb import load_to_pb, request_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 

@@ -31,12 +31,12 @@ def test_an_upward_import_breaks_a_contract(tmp_path):
         shutil.copy(ROOT / name, tmp_path)
     for folder in ["sluice", *lint.subpackage_folders(ROOT).values()]:
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "scheduler_svc" / "prefix_hash.py", "a") as module:
+    with open(tmp_path / "scheduler_svc" / "kv_cache" / "prefix_hash.py", "a") as module:
         module.write("from sluice.worker.runner.batch_state import BatchState\n")
     result = lint.lint_imports(tmp_path)
     assert result.returncode != 0
     assert "sluice.scheduler is not allowed to import sluice.worker" in result.stdout
-    assert "sluice.scheduler.prefix_hash -> sluice.worker.runner.batch_state" in result.stdout
+    assert "sluice.scheduler.kv_cache.prefix_hash -> sluice.worker.runner.batch_state" in result.stdout
 
 
 def test_the_scheduler_service_loads_no_torch():

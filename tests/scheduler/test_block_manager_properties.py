@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sluice.core.sampling_params import SamplingParams
-from sluice.scheduler.block_manager import BlockManager
+from sluice.scheduler.kv_cache.block_manager import BlockManager
 from sluice.scheduler.request import Request
 
 BLOCK_SIZE = 2

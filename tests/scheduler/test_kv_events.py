@@ -5,9 +5,9 @@ import pytest
 from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion
 
 from sluice.core.errors import DataLoss, OutOfRange
-from sluice.scheduler.kv_event_log import KvEventLog
-from sluice.scheduler.kv_events import BlocksRemoved, BlocksStored
-from sluice.scheduler.prefix_hash import ROOT_PARENT_HASH, hash_block
+from sluice.scheduler.kv_cache.event_log import KvEventLog
+from sluice.scheduler.kv_cache.events import BlocksRemoved, BlocksStored
+from sluice.scheduler.kv_cache.prefix_hash import ROOT_PARENT_HASH, hash_block
 
 BLOCK = 16
 

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from sluice.scheduler.outbox import Outbox
+from sluice.scheduler.routers.outbox import Outbox
 from sluice.v1 import scheduler_pb2 as pb
 
 

@@ -3,9 +3,9 @@ that carry them, and the bookkeeping of what the worker accepted (tokens, KV slo
 fake worker's token-level KV cache."""
 import pytest
 
-from sluice.scheduler.ngram_proposer import NgramProposer
 from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
-from sluice.scheduler.speculation import MAX_SKIPS
+from sluice.scheduler.speculation.ngram_proposer import NgramProposer
+from sluice.scheduler.speculation.policy import MAX_SKIPS
 from tests.scheduler.sched_testkit import (FakeWorker, cycling_model, make_request, make_scheduler, run_ahead,
                                            run_to_completion, step)
 

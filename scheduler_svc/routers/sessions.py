@@ -2,9 +2,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from sluice.core.errors import SluiceError
-from sluice.scheduler.outbox import Outbox
 from sluice.scheduler.outputs import RequestUpdate
-from sluice.scheduler.updates_pb import step_update_to_pb
+from sluice.scheduler.routers.outbox import Outbox
+from sluice.scheduler.routers.updates_pb import step_update_to_pb
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import scheduler_pb2 as pb
 

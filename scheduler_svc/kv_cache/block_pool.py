@@ -2,8 +2,8 @@
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sluice.scheduler.kv_events import KvEventRecorder
-from sluice.scheduler.prefix_hash import BlockHash
+from sluice.scheduler.kv_cache.events import KvEventRecorder
+from sluice.scheduler.kv_cache.prefix_hash import BlockHash
 
 
 @dataclass(slots=True, eq=False)

@@ -2,9 +2,9 @@
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sluice.scheduler.block_pool import BlockPool, KVBlock
-from sluice.scheduler.kv_events import BlocksStored, KvEvent, KvEventRecorder
-from sluice.scheduler.prefix_hash import BlockHash, extend_block_hashes
+from sluice.scheduler.kv_cache.block_pool import BlockPool, KVBlock
+from sluice.scheduler.kv_cache.events import BlocksStored, KvEvent, KvEventRecorder
+from sluice.scheduler.kv_cache.prefix_hash import BlockHash, extend_block_hashes
 from sluice.scheduler.request import Request
 
 

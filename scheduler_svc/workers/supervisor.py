@@ -4,7 +4,7 @@ from collections.abc import Awaitable, Callable
 
 from sluice.core.errors import Unavailable
 from sluice.scheduler.engine_loop import EngineLoop
-from sluice.scheduler.worker_group import WorkerGroup
+from sluice.scheduler.workers.group import WorkerGroup
 
 log = logging.getLogger("sluice.scheduler")
 _RETRY_SECONDS = 1.0  # after a worker that served failed to set up again

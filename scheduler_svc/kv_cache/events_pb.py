@@ -1,6 +1,6 @@
 """The prefix cache's event batches in scheduler.proto."""
-from sluice.scheduler.kv_event_log import KvEventBatch
-from sluice.scheduler.kv_events import BlocksStored, KvEvent
+from sluice.scheduler.kv_cache.event_log import KvEventBatch
+from sluice.scheduler.kv_cache.events import BlocksStored, KvEvent
 from sluice.v1 import scheduler_pb2
 
 

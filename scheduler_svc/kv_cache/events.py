@@ -1,7 +1,7 @@
 """The prefix cache's changes, as vLLM publishes them: full blocks stored under their chained hashes, and evicted."""
 from dataclasses import dataclass, field
 
-from sluice.scheduler.prefix_hash import BlockHash
+from sluice.scheduler.kv_cache.prefix_hash import BlockHash
 
 
 @dataclass(slots=True)

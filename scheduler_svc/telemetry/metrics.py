@@ -1,5 +1,5 @@
 """The scheduler's Prometheus series (vLLM names) that its requests' progress writes: tokens, phase times, outcomes.
-Those its state holds are read at scrape time (sluice.scheduler.load_metrics)."""
+Those its state holds are read at scrape time (sluice.scheduler.telemetry.load_metrics)."""
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sluice.serving.metric_buckets import REQUEST_SECONDS

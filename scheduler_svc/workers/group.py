@@ -2,7 +2,7 @@ import asyncio
 
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.core.step_plan_pb import plan_to_pb
-from sluice.scheduler.worker_client import WorkerClient
+from sluice.scheduler.workers.client import WorkerClient
 
 
 class WorkerGroup:

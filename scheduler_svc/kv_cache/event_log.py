@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from sluice.core.errors import DataLoss, OutOfRange
-from sluice.scheduler.kv_events import KvEvent
+from sluice.scheduler.kv_cache.events import KvEvent
 
 DEFAULT_HISTORY_BATCHES = 4096
 

@@ -16,8 +16,8 @@ a decode step with proposals still replays a captured graph."""
 from dataclasses import dataclass, field
 
 from sluice.scheduler.config import SchedulerConfig
-from sluice.scheduler.ngram_proposer import NgramProposer
 from sluice.scheduler.request import Request
+from sluice.scheduler.speculation.ngram_proposer import NgramProposer
 
 
 @dataclass(slots=True)

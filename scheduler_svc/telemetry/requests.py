@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from sluice.core.step_plan import StepPlan
-from sluice.scheduler.metrics import SchedulerMetrics
 from sluice.scheduler.outputs import RequestUpdate
 from sluice.scheduler.request import Request
 from sluice.scheduler.scheduler import Scheduler
+from sluice.scheduler.telemetry.metrics import SchedulerMetrics
 from sluice.serving.tracing import carrier_of, context_of
 
 
