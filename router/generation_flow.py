@@ -6,10 +6,10 @@ from typing import Protocol
 
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
-from sluice.router.request_telemetry import RequestTelemetry
 from sluice.router.sample_stops import SampleStops
-from sluice.router.scheduler_messages import Failed, Finished, Submission, Tokens
-from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.schedulers.messages import Failed, Finished, Submission, Tokens
+from sluice.router.schedulers.pool import SchedulerPool
+from sluice.router.telemetry.requests import RequestTelemetry
 
 
 class Sample(Protocol):

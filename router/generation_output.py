@@ -7,9 +7,9 @@ from sluice.core.logprobs import Logprobs
 from sluice.core.logprobs_pb import logprobs_to_pb
 from sluice.core.sampling_params import SamplingParams
 from sluice.router.generation_flow import GenerationOutput
-from sluice.router.request_telemetry import Timings
 from sluice.router.sample_stops import SampleStops
-from sluice.router.scheduler_messages import Finished, Tokens
+from sluice.router.schedulers.messages import Finished, Tokens
+from sluice.router.telemetry.requests import Timings
 from sluice.v1 import generation_pb2 as pb
 
 

@@ -1,7 +1,7 @@
 """One sample's output cut at its first stop string: the tokens up to the one that completes it, and their text."""
 from sluice.core.finish_reason import FinishReason
 from sluice.core.sampling_params import SamplingParams
-from sluice.router.scheduler_messages import Finished
+from sluice.router.schedulers.messages import Finished
 from sluice.router.stop_strings import StopStringMatcher
 
 

@@ -7,12 +7,12 @@ from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from sluice.core.options import as_flags
 from sluice.router.config import RouterConfig
-from sluice.router.metrics import RouterMetrics
-from sluice.router.request_telemetry import RouterTelemetry
-from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.schedulers.pool import SchedulerPool
 from sluice.router.servicer import GenerationServicer
+from sluice.router.telemetry.metrics import RouterMetrics
+from sluice.router.telemetry.requests import RouterTelemetry
 from sluice.router.tokenizer import RouterTokenizer, TokenIdsOnly
-from sluice.router.vllm_servicer import VllmEngineServicer
+from sluice.router.vllm.servicer import VllmEngineServicer
 from sluice.serving.operations import Operations
 from sluice.serving.readiness import wait_until_serving
 from sluice.serving.service import Service

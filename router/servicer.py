@@ -7,9 +7,9 @@ from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.router.generation_flow import deadline_unix_seconds, stream_generation
 from sluice.router.generation_output import generation_output
 from sluice.router.request_checks import RequestChecks
-from sluice.router.request_telemetry import RouterTelemetry
-from sluice.router.scheduler_messages import Submission
-from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.schedulers.messages import Submission
+from sluice.router.schedulers.pool import SchedulerPool
+from sluice.router.telemetry.requests import RouterTelemetry
 from sluice.router.tokenizer import RouterTokenizer
 from sluice.router.validation import validate_chat_roles
 from sluice.v1 import generation_pb2 as pb

@@ -13,16 +13,16 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
 from sluice.router.generation_flow import deadline_unix_seconds, stream_generation
-from sluice.router.kv_event_relay import relay_kv_events
 from sluice.router.request_checks import RequestChecks
-from sluice.router.request_telemetry import RouterTelemetry
-from sluice.router.scheduler_messages import Submission
-from sluice.router.scheduler_pool import SchedulerPool
+from sluice.router.schedulers.kv_event_relay import relay_kv_events
+from sluice.router.schedulers.messages import Submission
+from sluice.router.schedulers.pool import SchedulerPool
+from sluice.router.telemetry.requests import RouterTelemetry
 from sluice.router.tokenizer_bundle import tokenizer_bundle
-from sluice.router.vllm_info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
-from sluice.router.vllm_kv_events_pb import kv_event_batch_to_vllm_pb
-from sluice.router.vllm_output import vllm_generation_output
-from sluice.router.vllm_sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
+from sluice.router.vllm.info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
+from sluice.router.vllm.kv_events_pb import kv_event_batch_to_vllm_pb
+from sluice.router.vllm.output import vllm_generation_output
+from sluice.router.vllm.sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
 from sluice.v1 import generation_pb2
 
 _TOKENIZER_CHUNK_BYTES = 64 * 1024

@@ -8,7 +8,7 @@ from sluice.core.logprobs import Logprobs
 from sluice.core.sampling_params import SamplingParams
 from sluice.router.generation_flow import GenerationOutput
 from sluice.router.sample_stops import SampleStops
-from sluice.router.scheduler_messages import Finished, Tokens, joined_logprobs
+from sluice.router.schedulers.messages import Finished, Tokens, joined_logprobs
 
 
 def vllm_generation_output(params: SamplingParams, tokenizer, prompt_token_ids: list[int],

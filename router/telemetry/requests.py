@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from sluice.core.sampling_params import SamplingParams
-from sluice.router.metrics import RouterMetrics
-from sluice.router.scheduler_messages import Event, Finished
+from sluice.router.schedulers.messages import Event, Finished
+from sluice.router.telemetry.metrics import RouterMetrics
 from sluice.serving.tracing import carrier_of
 
 _OPERATIONS = {"chat": "chat"}  # every other input is a plain completion

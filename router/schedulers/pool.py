@@ -5,8 +5,8 @@ from collections.abc import Awaitable, Callable
 
 from sluice.core.errors import InvalidArgument, Unavailable, Unimplemented
 from sluice.core.finish_reason import FinishReason
-from sluice.router.scheduler_link import SchedulerLink
-from sluice.router.scheduler_messages import Event, Submission
+from sluice.router.schedulers.link import SchedulerLink
+from sluice.router.schedulers.messages import Event, Submission
 
 AFFINITY_PREFIX_TOKENS = 256  # requests that share this many leading tokens prefer the same replica
 LOAD_SLACK = 4  # a replica this many requests above the least loaded one loses its prefix affinity

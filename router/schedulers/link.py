@@ -9,7 +9,7 @@ from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb, finish_reason_to_pb
 from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.sampling_params_pb import sampling_params_to_pb
-from sluice.router.scheduler_messages import Event, Failed, Finished, Submission, Tokens, Usage
+from sluice.router.schedulers.messages import Event, Failed, Finished, Submission, Tokens, Usage
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
