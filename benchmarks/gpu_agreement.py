@@ -16,6 +16,7 @@ from sluice.core.sampling_params import SamplingParams
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import dummy_checkpoint
+from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
 
@@ -59,7 +60,8 @@ def _sluice_greedy(hf_config: dict, state: dict, dtype: str, prompts: list[list[
     config = ModelConfig.from_hf(hf_config)
     worker_config = WorkerConfig(model="dummy", load_format="dummy", dtype=dtype, device=DEVICE,
                                  gpu_memory_utilization=0.5)
-    worker = WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
+    loaded = ModelLoader(worker_config).build(config, to_worker_layout(dict(state), config))
+    worker = WorkerEngine(worker_config, loaded)
     engine = OfflineEngine(worker, max_model_len=1024, max_num_seqs=NUM_PROMPTS)
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = [r.token_ids for r in engine.generate(prompts, [greedy] * NUM_PROMPTS)]

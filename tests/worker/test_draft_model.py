@@ -6,6 +6,7 @@ import torch
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.shapes import shape_config
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
@@ -23,12 +24,12 @@ def _checkpoint(**overrides) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 
 def test_a_draft_of_another_vocabulary_is_refused():
     with pytest.raises(ValueError, match=r"vocabulary \(1000 tokens\) is not the target's \(49152\)"):
-        WorkerEngine(CONFIG, *_checkpoint(), draft=_checkpoint(vocab_size=1000))
+        ModelLoader(CONFIG).build(*_checkpoint(), draft=_checkpoint(vocab_size=1000))
 
 
 def test_the_pool_holds_both_models_kv_and_the_shorter_model_length_applies():
     target, draft = _checkpoint(), _checkpoint(max_position_embeddings=512, num_hidden_layers=1)
-    engine = WorkerEngine(CONFIG, *target, draft=draft)
+    engine = WorkerEngine(CONFIG, ModelLoader(CONFIG).build(*target, draft=draft))
     assert engine.max_model_len == 512
     num_blocks = engine.init_cache(block_size=16, max_model_len=8192)
     both = bytes_per_block(target[0], 16, torch.float32) + bytes_per_block(draft[0], 16, torch.float32)

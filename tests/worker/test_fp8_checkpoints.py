@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.fp8_checkpoint import checkpoint_quantization
+from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.weights import load_checkpoint
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, quantize_rows
@@ -136,9 +137,10 @@ def test_ignored_projections_keep_their_float_weights(default_model_dir, checkpo
 
 def _quantized_at_load_under(absmax_bound: float | None, model_dir, prompt_ids: list[int]) -> torch.Tensor:
     """The logits of the model quantized at load, its activations' absolute maxima clipped to absmax_bound."""
-    engine = WorkerEngine.load(WorkerConfig(model=str(model_dir), quantization="fp8"))
-    engine.ops.fp8_gemm = fp8_gemm_for(engine.device, absmax_bound=absmax_bound)
-    return prompt_logits(engine, prompt_ids)
+    config = WorkerConfig(model=str(model_dir), quantization="fp8")
+    loaded = ModelLoader(config).load()
+    loaded.ops.fp8_gemm = fp8_gemm_for(torch.device(config.device), absmax_bound=absmax_bound)
+    return prompt_logits(WorkerEngine(config, loaded), prompt_ids)
 
 
 def test_fbgemm_checkpoints_clip_each_token_at_their_activation_scale_ub(default_model_dir, checkpoint, prompt_ids,
@@ -146,14 +148,16 @@ def test_fbgemm_checkpoints_clip_each_token_at_their_activation_scale_ub(default
     """Meta's bound, 1200, clips the first token of the passage in two down projections of SmolLM2 (2,555 and 2,248):
     those tokens' scales map 1200 to e4m3's largest value and their larger elements saturate. Otherwise the
     checkpoint is the model quantized at load, bit for bit."""
-    engine = WorkerEngine.load(WorkerConfig(model=str(checkpoint("fbgemm_fp8", "channel"))))
+    config = WorkerConfig(model=str(checkpoint("fbgemm_fp8", "channel")))
+    loaded = ModelLoader(config).load()
+    engine = WorkerEngine(config, loaded)
     assert engine.model_config.activation_absmax_bound == 1200.0
-    calls, gemm = [], engine.ops.fp8_gemm
+    calls, gemm = [], loaded.ops.fp8_gemm
 
     def recorded_gemm(x, weight, weight_scale, bias):
         calls.append((x, weight, weight_scale, gemm(x, weight, weight_scale, bias)))
         return calls[-1][-1]
-    engine.ops.fp8_gemm = recorded_gemm
+    loaded.ops.fp8_gemm = recorded_gemm
     logits = prompt_logits(engine, prompt_ids)
     clipped = [call for call in calls if call[0].abs().max() > 1200]
     assert len(calls) == 4 * engine.model_config.num_layers and clipped

@@ -5,6 +5,7 @@ import torch
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from tests.worker.stepping import run_greedy
@@ -52,6 +53,7 @@ def test_family_matches_hf(family, kernels):
     expected = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(p):].tolist() for p in prompts]
     for batch in (prompts, prompts[2:]):  # together, and alone: one-row steps take the fused linear kernels
-        engine = WorkerEngine(WorkerConfig(model=family, kernels=kernels), config,
-                              to_worker_layout(dict(state), config))
+        worker_config = WorkerConfig(model=family, kernels=kernels)
+        loaded = ModelLoader(worker_config).build(config, to_worker_layout(dict(state), config))
+        engine = WorkerEngine(worker_config, loaded)
         assert run_greedy(engine, batch, 12, chunk=5) == expected[len(prompts) - len(batch):]

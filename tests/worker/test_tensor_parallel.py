@@ -7,6 +7,7 @@ import torch
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import random_state_dict
+from sluice.worker.loading.model_loader import LoadedModel, ModelLoader
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.rope import build_cos_sin_cache
@@ -22,16 +23,23 @@ HEADS = {2: [(6, 2), (6, 1)], 3: [(9, 3), (6, 1)]}  # (q heads, KV heads): KV he
 PROMPTS = [[5, 17, 99, 3], [42] * 9, list(range(60, 83))]
 
 
-def _engines(group, hf_config: dict, quantization: str = "auto") -> tuple[WorkerEngine, WorkerEngine]:
+WORKER_CONFIG = WorkerConfig(model="tiny")
+
+
+def _loaded(group, hf_config: dict, worker_config: WorkerConfig = WORKER_CONFIG) -> tuple[LoadedModel, LoadedModel]:
     """(the whole model, the rank's shard of it) from the same random weights."""
     state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=1)
     state = {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}  # lively outputs
     config = ModelConfig.from_hf(hf_config)
     layout = ShardLayout(config, group.rank, group.world_size)
-    worker_config = WorkerConfig(model="tiny", quantization=quantization)
-    whole = WorkerEngine(worker_config, config, to_worker_layout(dict(state), config))
+    whole = ModelLoader(worker_config).build(config, to_worker_layout(dict(state), config))
     shard = {name: layout.shard(name, tensor) for name, tensor in state.items()}
-    return whole, WorkerEngine(worker_config, config, to_worker_layout(shard, config), group)
+    return whole, ModelLoader(worker_config, group).build(config, to_worker_layout(shard, config))
+
+
+def _engines(group, hf_config: dict) -> tuple[WorkerEngine, WorkerEngine]:
+    whole, sharded = _loaded(group, hf_config)
+    return WorkerEngine(WORKER_CONFIG, whole), WorkerEngine(WORKER_CONFIG, sharded, group)
 
 
 def _one_sequence(num_tokens: int, block_size: int = 16) -> AttentionMetadata:
@@ -93,12 +101,13 @@ def _check_fp8_rank(group) -> None:
     """Each rank quantizes its own shards: a column-parallel row keeps the whole row's scale (the same projection
     rows as the whole model's), a row-parallel shard gets scales of its own columns (a close sum)."""
     hf_config = {**_TINY, **_ODD, **FAMILIES["qwen2"], "num_attention_heads": 6, "num_key_value_heads": 2}
-    whole, sharded = _engines(group, hf_config, quantization="fp8")
-    layout = ShardLayout(whole.model_config, group.rank, group.world_size)
-    whole_qkv, shard_qkv = (engine.model.layers[0].self_attn.qkv_proj for engine in (whole, sharded))
+    whole, sharded = _loaded(group, hf_config, WorkerConfig(model="tiny", quantization="fp8"))
+    layout = ShardLayout(whole.config, group.rank, group.world_size)
+    whole_qkv, shard_qkv = (loaded.model.layers[0].self_attn.qkv_proj for loaded in (whole, sharded))
     q_rows = slice(layout.q_heads.start * 8, layout.q_heads.stop * 8)
     assert shard_qkv.weight.dtype == whole_qkv.weight.dtype == torch.float8_e4m3fn
     assert torch.equal(shard_qkv.weight_scale[:q_rows.stop - q_rows.start], whole_qkv.weight_scale[q_rows])
+    torch.manual_seed(0)
     x = torch.randn(5, hf_config["hidden_size"])
     torch.testing.assert_close(sharded.ops.linear(x, shard_qkv)[:, :q_rows.stop - q_rows.start],
                                whole.ops.linear(x, whole_qkv)[:, q_rows])

@@ -1,0 +1,126 @@
+"""The worker's loading half: a model's weights read as the rank's shards and built into the models it runs."""
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from sluice.worker.config import WorkerConfig
+from sluice.worker.loading.dummy_weights import dummy_checkpoint
+from sluice.worker.loading.kv_scales import with_kv_scales
+from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
+from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.registry import traits_for
+from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
+from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
+from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
+from sluice.worker.ops.plain_torch import TorchOps
+from sluice.worker.parallel.group import TensorParallelGroup
+
+Checkpoint = tuple[ModelConfig, dict[str, torch.Tensor]]  # a model's config and the rank's weights, worker layout
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """The models a worker runs, on its device: the target and, for speculative method "draft", a draft model."""
+
+    config: ModelConfig  # the whole model's
+    local_config: ModelConfig  # the rank's part of it: its heads, intermediate and vocabulary columns
+    ops: TorchOps  # the operators every module of both models calls
+    model: DecoderLM  # in a tensor-parallel group, the rank's part of the target
+    draft_config: ModelConfig | None = None  # a smaller model of the same vocabulary
+    draft_model: DecoderLM | None = None
+
+
+class ModelLoader:
+    """Reads a worker's checkpoints (or random weights of a named shape) and builds its models on the operators its
+    device runs. In a tensor-parallel group, only the rank's shards of the weights are materialised."""
+
+    def __init__(self, config: WorkerConfig, group: TensorParallelGroup | None = None):
+        self.config = config
+        self.group = group
+        self.device = torch.device(config.device)
+
+    def load(self) -> LoadedModel:
+        """The configured model and any draft model, from their checkpoints or as random weights."""
+        rank, world_size = (0, 1) if self.group is None else (self.group.rank, self.group.world_size)
+        draft = None
+        if self.config.draft_model:
+            draft = self._read(self.config.draft_model, self.config.draft_load_format, 0, 1)
+        return self.build(*self._read(self.config.model, self.config.load_format, rank, world_size), draft)
+
+    def build(self, model_config: ModelConfig, state: dict[str, torch.Tensor],
+              draft: Checkpoint | None = None) -> LoadedModel:
+        """model_config: the whole model's; state: the rank's weights in the worker's layout (see
+        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections of an unquantized checkpoint,
+        each row with its own scale; a pre-quantized checkpoint's projections stay as it stores them.
+        draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
+        if self.config.quantization == "fp8" and model_config.quantization is None:
+            model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
+        state = with_kv_scales(state, model_config.num_layers)
+        layout = ShardLayout(model_config) if self.group is None else \
+            ShardLayout(model_config, self.group.rank, self.group.world_size)
+        ops = _operators(self.config, model_config)
+        loaded = LoadedModel(model_config, layout.local_config(), ops,
+                             self._build_model(model_config, state, ops, layout))
+        if draft is not None:
+            loaded.draft_config = _checked_draft_config(draft[0], model_config, self.group)
+            draft_state = with_kv_scales(draft[1], loaded.draft_config.num_layers)
+            loaded.draft_model = self._build_model(loaded.draft_config, draft_state, ops)
+        return loaded
+
+    def _read(self, model: str, load_format: str, rank: int, world_size: int) -> Checkpoint:
+        """A model's config and the rank's weights in the worker's layout: random ones of a named shape with
+        load_format "dummy", else read from a checkpoint."""
+        if load_format == "dummy":
+            hf_config, hf_state = dummy_checkpoint(model, self.config.torch_dtype, self.device, self.config.seed,
+                                                   rank, world_size)
+            model_config = ModelConfig.from_hf(hf_config)
+            return model_config, to_worker_layout(hf_state, model_config)
+        return load_checkpoint(Path(model), rank, world_size)
+
+    def _build_model(self, model_config: ModelConfig, state: dict[str, torch.Tensor], ops: TorchOps,
+                     layout: ShardLayout | None = None) -> DecoderLM:
+        """The target (in a group, the rank's part of it, as layout cuts it) or, of another config, the draft model."""
+        traits = traits_for(model_config.architecture)
+        with torch.device("meta"):
+            model = DecoderLM(model_config, traits, ops) if self.group is None else \
+                TensorParallelDecoderLM(layout, traits, ops, self.group)
+            keep_stored_precision(model, state)
+        model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
+                              assign=True)
+        if model_config.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        return model.eval()
+
+    def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor on the device, in the model dtype unless it is an FP8 weight or a float32 scale (a weight's,
+        or the KV cache's)."""
+        if tensor.dtype == FP8 or name.endswith("_scale"):
+            return tensor.to(self.device)
+        return tensor.to(self.device, self.config.torch_dtype)
+
+
+def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft.vocab_size} tokens) is not the target's "
+                         f"({target.vocab_size}): a draft must share the target's tokenizer")
+    if group is not None:
+        raise ValueError("a draft model needs an unsharded worker (tensor-parallel size 1)")
+    return draft
+
+
+def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
+    """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
+    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for)."""
+    device = torch.device(config.device)
+    fp8, bound = model_config.quantization == "fp8", model_config.activation_absmax_bound
+    if not config.uses_triton:
+        return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
+    try:
+        from sluice.worker.ops.triton_kernels import TritonOps
+    except ImportError as error:
+        message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
+        raise RuntimeError(message) from error
+    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows, bound) if fp8 else emulated_fp8_linear)
