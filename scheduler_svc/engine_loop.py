@@ -1,7 +1,7 @@
 import asyncio
 import logging
 import time
-from collections import deque
+from functools import partial
 
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
@@ -13,6 +13,7 @@ from sluice.scheduler.request import Request
 from sluice.scheduler.routers.outbox import Outbox
 from sluice.scheduler.routers.sessions import RouterSessions
 from sluice.scheduler.scheduler import Scheduler
+from sluice.scheduler.steps_in_flight import StepsInFlight
 from sluice.scheduler.telemetry.requests import SchedulerTelemetry
 from sluice.scheduler.workers.group import WorkerGroup
 
@@ -57,31 +58,27 @@ class EngineLoop:
 
     async def run(self) -> None:
         """Raises Unavailable when the worker is lost."""
-        # Async scheduling: step N + 1 is planned and sent while step N runs, so the worker finds its next step
-        # waiting; step N's outcome is applied and fanned out to the routers while step N + 1 runs. PipelineDepth
-        # says whether step N + 2 is queued too.
-        in_flight: deque[StepPlan] = deque()
+        # Async scheduling (StepsInFlight): step N's outcome is applied and fanned out to the routers while step
+        # N + 1 runs. PipelineDepth says whether step N + 2 is queued too; deadlines expire between two plans.
         depth = PipelineDepth()
+        steps = StepsInFlight(self.scheduler, partial(self._send, depth))
         while True:
             self._publish(self.scheduler.expire_deadlines(time.monotonic()))
-            if len(in_flight) < depth.limit:
-                plan = self.scheduler.schedule()
-                if not plan.is_empty:
-                    self.telemetry.planned(plan)
-                    self.worker.send(plan)
-                    depth.plan_sent(time.perf_counter())
-                    in_flight.append(plan)
-                    if len(in_flight) < depth.limit:
-                        continue
-            if not in_flight:
+            if steps.send_next(depth.limit) and len(steps) < depth.limit:
+                continue
+            if not steps:
                 depth.idled()
                 await self._idle()
                 continue
-            plan = in_flight.popleft()
             outcome = await self.worker.receive()
             depth.outcome_received(time.perf_counter())
-            self._publish(self.scheduler.update_from_outcome(plan, outcome))
+            self._publish(steps.apply_oldest(outcome))
             self._seal_kv_events()
+
+    def _send(self, depth: PipelineDepth, plan: StepPlan) -> None:
+        self.telemetry.planned(plan)
+        self.worker.send(plan)
+        depth.plan_sent(time.perf_counter())
 
     def _seal_kv_events(self) -> None:
         """The blocks this step cached, and those its plan evicted, as one batch."""

@@ -2,14 +2,13 @@
 
 Used by `sluice bench --in-process` and by GPU checks, so the cost of the service split is always measurable.
 """
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 from sluice.core.sampling_params import SamplingParams
-from sluice.core.step_plan import StepPlan
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.request import Request
 from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT, Scheduler
+from sluice.scheduler.steps_in_flight import StepsInFlight
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.runner.model_runner import LaunchedStep
 
@@ -42,15 +41,11 @@ class OfflineEngine:
         for i, (prompt, sampling) in enumerate(zip(prompts, params)):
             self.scheduler.add_request(Request(f"offline-{i}", list(prompt), sampling))
             results[f"offline-{i}"] = OfflineResult(f"offline-{i}")
-        in_flight: deque[tuple[StepPlan, LaunchedStep]] = deque()
-        while self.scheduler.has_unfinished_requests() or in_flight:
-            while len(in_flight) < self.steps_in_flight and self.scheduler.has_unfinished_requests():
-                plan = self.scheduler.schedule()
-                if plan.is_empty:
-                    break
-                in_flight.append((plan, self.worker.launch(plan)))
-            plan, step = in_flight.popleft()
-            for update in self.scheduler.update_from_outcome(plan, self.worker.finish(step)):
+        steps: StepsInFlight[LaunchedStep] = StepsInFlight(self.scheduler, self.worker.launch)
+        while self.scheduler.has_unfinished_requests() or steps:
+            while self.scheduler.has_unfinished_requests() and steps.send_next(self.steps_in_flight):
+                pass
+            for update in steps.apply_oldest(self.worker.finish(steps.oldest.sent)):
                 result = results[update.request_id]
                 result.token_ids.extend(update.new_token_ids)
                 if update.finished:

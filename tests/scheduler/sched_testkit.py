@@ -1,7 +1,7 @@
 """Test harness for the scheduler: a fake worker that keeps a token-level model of the KV cache and checks the
 step-plan contract, plus builders for requests and schedulers."""
 import random
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,6 +11,7 @@ from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.request import Request
 from sluice.scheduler.scheduler import Scheduler
+from sluice.scheduler.steps_in_flight import StepsInFlight
 
 EOS = 0
 
@@ -173,21 +174,21 @@ def run_ahead(scheduler: Scheduler, worker: FakeWorker, steps_in_flight: int, ma
               on_plan: Callable[[StepPlan], None] | None = None,
               on_outcome: Callable[[StepPlan, StepOutcome], None] | None = None):
     """run_to_completion with up to steps_in_flight steps planned before the oldest one's outcome is applied, as
-    the engine loop plans them; the fake worker executes each plan as it is made. on_plan sees each plan as it is
-    made, on_outcome each step once its outcome is applied."""
-    updates, steps, in_flight = [], 0, deque()
+    the offline engine plans them (StepsInFlight); the fake worker executes each plan as it is sent. on_plan sees
+    each plan as it is made, on_outcome each step once its outcome is applied."""
+    def send(plan: StepPlan) -> StepOutcome:
+        if on_plan is not None:
+            on_plan(plan)
+        return worker.execute(plan)
+
+    updates, num_steps, in_flight = [], 0, StepsInFlight(scheduler, send)
     while scheduler.has_unfinished_requests() or in_flight:
-        assert steps < max_steps, "no progress"
-        while len(in_flight) < steps_in_flight and scheduler.has_unfinished_requests():
-            plan = scheduler.schedule()
-            if plan.is_empty:
-                break
-            if on_plan is not None:
-                on_plan(plan)
-            in_flight.append((plan, worker.execute(plan)))
-        plan, outcome = in_flight.popleft()
-        updates += scheduler.update_from_outcome(plan, outcome)
+        assert num_steps < max_steps, "no progress"
+        while scheduler.has_unfinished_requests() and in_flight.send_next(steps_in_flight):
+            pass
+        plan, outcome = in_flight.oldest
+        updates += in_flight.apply_oldest(outcome)
         if on_outcome is not None:
             on_outcome(plan, outcome)
-        steps += 1
-    return updates, steps
+        num_steps += 1
+    return updates, num_steps
