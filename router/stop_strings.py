@@ -1,3 +1,4 @@
+"""Stop strings across token boundaries: text that may start one waits for the next delta."""
 class StopStringMatcher:
     """Finds the first stop string in streamed text, across deltas (and so across token boundaries). Text that could
     be the start of a stop string is held back until the next delta tells whether it is one."""

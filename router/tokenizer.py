@@ -1,3 +1,4 @@
+"""The router's tokenizer: text and chat to token ids, streaming detokenization; or token ids only."""
 from pathlib import Path
 
 import llguidance.hf

@@ -1,3 +1,4 @@
+"""The engine loop: plan, execute on the worker, apply the outcome and fan it out to the routers."""
 import asyncio
 import logging
 import time

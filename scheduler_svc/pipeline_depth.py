@@ -1,3 +1,4 @@
+"""How many steps the engine loop keeps in flight, from the measured step and turnaround times."""
 from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
 
 SHORT_STEP_SECONDS = 0.003  # below this the wire's and the worker's share of a turnaround, unseen here, matters

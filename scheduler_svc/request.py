@@ -1,3 +1,4 @@
+"""One request in the scheduler: its tokens, its status and why it finished."""
 import enum
 import time
 from dataclasses import dataclass, field

@@ -1,3 +1,4 @@
+"""Whether a request stops after its newest token: EOS or a stop token id, max_tokens, the model's length."""
 from sluice.core.finish_reason import FinishReason
 from sluice.scheduler.request import Request
 

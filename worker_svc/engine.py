@@ -1,3 +1,4 @@
+"""The worker's core object: KV cache, CUDA graphs and steps, over the models a ModelLoader built."""
 from functools import partial
 from pathlib import Path
 

@@ -1,3 +1,4 @@
+"""The router's one bidirectional stream to a scheduler, which multiplexes all of its requests."""
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable

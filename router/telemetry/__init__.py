@@ -1,0 +1,1 @@
+"""What the router reports: latency metrics and a GenAI span per request."""

@@ -1,3 +1,4 @@
+"""The step updates waiting for one router's stream, sent as far ahead as its credit allows."""
 import asyncio
 
 from sluice.v1 import scheduler_pb2 as pb

@@ -1,3 +1,4 @@
+"""The routers' streams: which one owns which request, and each step's updates fanned out to them."""
 from collections import defaultdict
 from collections.abc import Iterable
 

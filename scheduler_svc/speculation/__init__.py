@@ -1,0 +1,1 @@
+"""Speculative decoding in the scheduler: the proposal policy and the ngram proposer."""

@@ -1,0 +1,1 @@
+"""The scheduler's links to its workers: a client per rank, the replica's group, their supervision."""

@@ -1,3 +1,4 @@
+"""The scheduler's end of one worker: setup calls, then the Execute stream, one message per step."""
 import asyncio
 
 import grpc

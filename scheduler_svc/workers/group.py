@@ -1,3 +1,4 @@
+"""The scheduler's end of one model replica: its ranks' workers, each step serialised once for all."""
 import asyncio
 
 from sluice.core.step_plan import StepOutcome, StepPlan

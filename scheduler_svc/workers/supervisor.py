@@ -1,3 +1,4 @@
+"""Runs the engine loop on the worker group, and resumes it once a lost worker serves again."""
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable

@@ -1,3 +1,4 @@
+"""Domain errors; the service layer maps each to a gRPC status code (sluice.serving.grpc_errors)."""
 class SluiceError(Exception):
     """A domain error that the service layer maps to a gRPC status code."""
 

@@ -1,3 +1,4 @@
+"""Why a request ended (FinishReason), shared by all three services."""
 import enum
 
 

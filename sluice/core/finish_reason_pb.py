@@ -1,3 +1,4 @@
+"""FinishReason to and from sluice.v1's enum."""
 from sluice.core.finish_reason import FinishReason
 from sluice.v1 import generation_pb2 as pb
 

@@ -1,3 +1,4 @@
+"""Log probabilities of sampled and prompt tokens, packed: one request's (Logprobs) or several (LogprobRows)."""
 from dataclasses import dataclass, field
 
 

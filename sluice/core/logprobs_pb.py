@@ -1,3 +1,4 @@
+"""Logprobs and LogprobRows to and from sluice.v1's messages."""
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.v1 import generation_pb2 as pb
 

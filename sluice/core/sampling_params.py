@@ -1,3 +1,4 @@
+"""SamplingParams: how one request samples and when it stops, shared by all three services."""
 from dataclasses import dataclass, field
 
 CONSTRAINT_FIELDS = ("json_schema", "regex", "choice", "grammar")

@@ -1,3 +1,4 @@
+"""SamplingParams to and from sluice.v1's message; an unset field keeps the default."""
 from dataclasses import replace
 
 from sluice.core.sampling_params import SamplingParams

@@ -1,4 +1,4 @@
-"""How a service is run: shutdown and drain, metrics, tracing."""
+"""How a service is run: shutdown and drain, metrics, tracing, as the CLI sets them."""
 import asyncio
 from dataclasses import dataclass, field
 

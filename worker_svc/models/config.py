@@ -1,3 +1,4 @@
+"""ModelConfig: the shape of a Llama-family decoder, read from a Hugging Face config.json."""
 from dataclasses import dataclass
 
 

@@ -1,3 +1,4 @@
+"""The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits)."""
 from dataclasses import dataclass
 
 

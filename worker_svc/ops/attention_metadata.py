@@ -1,3 +1,4 @@
+"""Where a step's tokens sit in the paged KV cache, as every attention operator reads it."""
 from dataclasses import dataclass
 
 import torch

@@ -1,3 +1,4 @@
+"""The operators in plain torch (TorchOps), aligned with transformers: the CPU path."""
 import torch
 import torch.nn.functional as F
 from torch import nn

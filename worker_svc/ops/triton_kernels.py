@@ -1,3 +1,4 @@
+"""The operators on Triton kernels (TritonOps): the GPU path, TorchOps' interface with fused kernels."""
 from typing import NamedTuple
 
 import torch

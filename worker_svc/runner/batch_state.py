@@ -1,3 +1,4 @@
+"""The worker's persistent state of each request, which the scheduler's diffs keep current."""
 from dataclasses import dataclass
 
 import numpy as np

@@ -1,3 +1,4 @@
+"""The paged KV cache's tensors: bytes per block, allocation per layer, block copies."""
 import torch
 
 from sluice.worker.models.config import ModelConfig

@@ -1,3 +1,4 @@
+"""The KV cache's share of a GPU: a worst-case step profiled under gpu_memory_utilization."""
 import torch
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata

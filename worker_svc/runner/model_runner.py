@@ -1,3 +1,4 @@
+"""ModelRunner: a StepPlan launched as tensors through the model and the sampler, its outcome collected."""
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate

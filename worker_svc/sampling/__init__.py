@@ -1,0 +1,1 @@
+"""Sampling on the device: per-request rows, penalties, grammars, speculative verification, logprobs."""

@@ -1,3 +1,4 @@
+"""StepSampler: a step's rows sampled in one pass on the device, with logprobs where asked."""
 import random
 from dataclasses import dataclass, field
 
