@@ -3,7 +3,6 @@ processes) and the Hugging Face baseline, each on the same tiny workload; JSON r
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 

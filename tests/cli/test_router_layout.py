@@ -1,7 +1,6 @@
 """Where `sluice serve --router-processes N` puts its routers: all on the router's port, each also on a loopback port
 of its own where the launcher checks it is ready."""
 import subprocess
-import sys
 
 from sluice.cli.launcher import ServeLayout
 from sluice.cli.python_command import sluice_command

@@ -2,7 +2,6 @@
 the test process and a Prometheus endpoint on each."""
 import os
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager

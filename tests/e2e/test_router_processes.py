@@ -3,7 +3,6 @@ client connections, and the port keeps serving through the other when one is kil
 import asyncio
 import re
 import subprocess
-import sys
 import urllib.request
 
 import psutil

@@ -2,7 +2,6 @@
 gateway and all three services."""
 import signal
 import subprocess
-import sys
 
 import openai
 import psutil

@@ -1,6 +1,5 @@
 """`sluice serve` starts again a service that exits, and the stack serves again with nobody doing anything."""
 import subprocess
-import sys
 
 import psutil
 import pytest

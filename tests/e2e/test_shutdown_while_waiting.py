@@ -2,7 +2,6 @@
 timeout."""
 import signal
 import subprocess
-import sys
 
 import pytest
 from grpc_health.v1 import health_pb2
