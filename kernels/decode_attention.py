@@ -163,7 +163,7 @@ def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None, row_groups: torch.Tensor | None = None,
-    max_group_rows: int = 1,
+    max_group_rows: int = 1, pdl: bool = True,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context, into `out` (None: a new tensor) of the
     query's shape [num_seqs, num_heads, head_dim], whose last dimension is contiguous.
@@ -217,13 +217,13 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, ROWS=max_group_rows,
         BLOCK_G=max(16, triton.next_power_of_2(max_group_rows * group)), BLOCK_D=block_d,
         DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
-        **dependent_launch(query.device),
+        **dependent_launch(query.device, pdl),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-            **dependent_launch(query.device),
+            **dependent_launch(query.device, pdl),
         )
     return out
 

@@ -33,7 +33,7 @@ def _decode_step_inputs_kernel(
 
 def decode_step_inputs(next_positions: torch.Tensor, live: torch.Tensor, block_tables: torch.Tensor,
                        positions: torch.Tensor, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
-                       block_size: int) -> None:
+                       block_size: int, pdl: bool = True) -> None:
     """In place: positions, slot_mapping and seq_lens of one token per row, from next_positions (int64 [rows]),
     live (bool [rows]) and block_tables (int32 [rows, max_blocks]); then next_positions advance by one on live
     rows. positions and slot_mapping: int64 [rows]; seq_lens: int32 [rows]."""
@@ -51,7 +51,7 @@ def decode_step_inputs(next_positions: torch.Tensor, live: torch.Tensor, block_t
         return
     _decode_step_inputs_kernel[(triton.cdiv(num_rows, BLOCK_ROWS),)](
         next_positions, live, block_tables, positions, slot_mapping, seq_lens, num_rows, block_tables.stride(0),
-        BLOCK_SIZE=block_size, BLOCK_ROWS=BLOCK_ROWS, **dependent_launch(next_positions.device),
+        BLOCK_SIZE=block_size, BLOCK_ROWS=BLOCK_ROWS, **dependent_launch(next_positions.device, pdl),
     )
 
 

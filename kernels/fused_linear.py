@@ -146,7 +146,7 @@ def _launch_config(n: int, k: int, norm: bool, fp8: bool, device: torch.device) 
 def fused_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
     eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
-    weight_scale: torch.Tensor | None = None, launch_config: dict | None = None,
+    weight_scale: torch.Tensor | None = None, launch_config: dict | None = None, pdl: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (y, new_residual) for one row x: [1, K] and weight: [N_w, K].
 
@@ -177,7 +177,7 @@ def fused_linear(
         n, k, eps, weight.stride(0),
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
         HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] == k, **config,
-        **dependent_launch(x.device),
+        **dependent_launch(x.device, pdl),
     )
     return out, new_residual
 

@@ -102,7 +102,7 @@ def prepare_qkv(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, pdl: bool = True,
 ) -> torch.Tensor:
     """Returns a new contiguous q [num_tokens, num_heads, head_dim]; writes k and v into the caches in place.
 
@@ -163,7 +163,7 @@ def prepare_qkv(
         eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
-        KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device),
+        KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device, pdl),
     )
     return q
 

@@ -33,6 +33,9 @@ class WorkerConfig:
     kv_cache_gib: float = option(1.0, help="the KV cache's budget on the CPU, in GiB")
     gpu_memory_utilization: float = option(0.9, help="the share of the GPU's memory the worker may use")
     enforce_eager: bool = option(False, help="no CUDA graphs; every step builds its inputs on the host")
+    dependent_launch: bool = option(True, flag="--no-dependent-launch",
+                                    help="no programmatic dependent launch: on Hopper and newer, each kernel of the "
+                                         "decode path otherwise starts while the one before it finishes")
     kernels: str = option("auto", choices=KERNELS, help="auto: Triton kernels on a GPU, plain torch on the CPU")
     seed: int = 0
     tensor_parallel_size: int = option(1, short="-tp",

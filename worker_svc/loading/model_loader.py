@@ -123,4 +123,5 @@ def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     except ImportError as error:
         message = f"kernels {config.kernels!r} on {config.device} need triton (the 'gpu' extra): {error}"
         raise RuntimeError(message) from error
-    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows, bound) if fp8 else emulated_fp8_linear)
+    return TritonOps(fp8_gemm_for(device, TritonOps.quantize_rows, bound) if fp8 else emulated_fp8_linear,
+                     config.dependent_launch)

@@ -8,7 +8,7 @@ from sluice import kernels
 from sluice.kernels.fp8_quant import quantize_rows_fp8
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8
-from sluice.worker.ops.fp8_gemm import QuantizedRows
+from sluice.worker.ops.fp8_gemm import Fp8Gemm, QuantizedRows, emulated_fp8_linear
 from sluice.worker.ops.plain_torch import TorchOps
 
 
@@ -39,6 +39,11 @@ class TritonOps(TorchOps):
 
     quantize_rows = staticmethod(quantize_rows_fp8)  # the FP8 GEMM's activations, as fp8.quantize_rows does
 
+    def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear, dependent_launch: bool = True):
+        """dependent_launch: the decode path's kernels take programmatic dependent launch where the GPU has it."""
+        super().__init__(fp8_gemm)
+        self.pdl = dependent_launch
+
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.rms_norm(x, weight, eps)
@@ -53,14 +58,14 @@ class TritonOps(TorchOps):
                 return self._fp8_product(*kernels.silu_and_mul_fp8(x.gate_up, **options), x.gate_up, layer)
             x = self.silu_and_mul(x.gate_up)
         if _is_one_row(x):
-            return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer))[0]
+            return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer), pdl=self.pdl)[0]
         return super().linear(x, layer)
 
     def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
         if _is_one_row(x):
             y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
                                                    norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
-                                                   out_dtype=out_dtype)
+                                                   out_dtype=out_dtype, pdl=self.pdl)
         elif _quantizes_in_kernels(x, layer):
             options = self.fp8_gemm.quantize_options(x.shape[0])
             values, scales, new_residual = kernels.rms_norm_fp8(x, residual, norm_weight, eps, **options)
@@ -78,27 +83,26 @@ class TritonOps(TorchOps):
         return self.fp8_gemm.product(QuantizedRows(values, scales, x.shape[0], x.dtype), layer.weight,
                                      layer.weight_scale, layer.bias)
 
-    @staticmethod
-    def prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
+    def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
                     slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
         return kernels.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
-                                   value_cache, slot_mapping, k_scale, v_scale)
+                                   value_cache, slot_mapping, k_scale, v_scale, pdl=self.pdl)
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(x)
 
-    @staticmethod
-    def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,
+    def decode_step_inputs(self, next_positions, live, block_tables, positions, slot_mapping, seq_lens,
                            block_size: int) -> None:
-        kernels.decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens, block_size)
+        kernels.decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens, block_size,
+                                   pdl=self.pdl)
 
-    @staticmethod
-    def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
+    def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None) -> torch.Tensor:
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
                                                   k_scale=k_scale, v_scale=v_scale, out=out,
-                                                  row_groups=meta.row_groups, max_group_rows=meta.max_group_rows)
+                                                  row_groups=meta.row_groups, max_group_rows=meta.max_group_rows,
+                                                  pdl=self.pdl)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
                                                meta.seq_lens, scale, k_scale, v_scale, out)
