@@ -1,3 +1,4 @@
+"""The router process: serves sluice.v1.Generation and vLLM's engine protocol over its scheduler replicas."""
 import asyncio
 import logging
 from pathlib import Path

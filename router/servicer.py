@@ -1,3 +1,4 @@
+"""sluice.v1.Generation's servicer: validates, tokenizes and streams each generation through the scheduler pool."""
 import asyncio
 import uuid
 

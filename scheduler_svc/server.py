@@ -1,3 +1,4 @@
+"""The scheduler process: connects its worker group, sizes the KV cache, and runs the engine loop until drained."""
 import asyncio
 import contextlib
 import dataclasses

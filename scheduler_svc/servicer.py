@@ -1,3 +1,4 @@
+"""sluice.v1.Scheduler's servicer: each router's stream of submissions and step updates, load, model info, KV events."""
 import asyncio
 
 from sluice.core.errors import SluiceError

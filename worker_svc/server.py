@@ -1,3 +1,4 @@
+"""The worker process (one tensor-parallel rank): joins its group, loads the model, serves sluice.v1.Worker."""
 import asyncio
 import logging
 from datetime import timedelta

@@ -1,3 +1,4 @@
+"""sluice.v1.Worker's servicer: model info, the KV cache's sizing, and the Execute stream of steps."""
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor

@@ -1,3 +1,4 @@
+"""Per-request timings of a benchmark run and their summary: throughput, TTFT, TPOT and ITL percentiles."""
 import statistics
 from dataclasses import dataclass, field
 

@@ -1,3 +1,4 @@
+"""The benchmarks' requests: random prompts and lengths from a seed, as token ids or as text."""
 import random
 from dataclasses import dataclass, field, replace
 
