@@ -1,9 +1,8 @@
-"""Generates the gRPC code from protos/ into sluice/v1/ as part of every build, editable installs included, and
+"""Generates the gRPC code from protos/ into sluice/v1/ for every build, editable installs included, and
 installs the service folders as subpackages of `sluice` (router/ as sluice.router, and so on)."""
 from pathlib import Path
 
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
 PROTO_ROOT = ROOT / "protos"
@@ -28,16 +27,11 @@ SUBPACKAGE_FOLDERS = {"sluice.router": "router", "sluice.scheduler": "scheduler_
 
 
 def packages() -> list[str]:
+    generate_protos()  # sluice.v1 must exist when the packages are listed
     found = find_packages(include=["sluice", "sluice.*"])
     for package, folder in SUBPACKAGE_FOLDERS.items():
         found += [package, *(f"{package}.{sub}" for sub in find_packages(folder))]
     return found
 
 
-class BuildWithProtos(build_py):
-    def run(self):
-        generate_protos()
-        super().run()
-
-
-setup(packages=packages(), package_dir=SUBPACKAGE_FOLDERS, cmdclass={"build_py": BuildWithProtos})
+setup(packages=packages(), package_dir=SUBPACKAGE_FOLDERS)
