@@ -80,7 +80,7 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
     info = await worker.get_info(timeout)
     _check_draft_model(info, scheduler_options.get("speculative_method"))
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)
-    config = SchedulerConfig(num_blocks=max(num_blocks, 1), max_model_len=max_model_len, **scheduler_options)
+    config = SchedulerConfig(num_blocks=num_blocks, max_model_len=max_model_len, **scheduler_options)
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))

@@ -27,7 +27,7 @@ class OfflineEngine:
         default is the scheduler's limit, so the device never waits for the host's bookkeeping; on the CPU it is 1
         (a step computes as it is launched there, so there is nothing to overlap)."""
         max_model_len = min(scheduler_options.pop("max_model_len", 8192), worker.max_model_len)
-        config = SchedulerConfig(num_blocks=max(num_blocks, 1), block_size=block_size, max_model_len=max_model_len,
+        config = SchedulerConfig(num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
                                  **scheduler_options)
         num_blocks = worker.init_cache(block_size, num_blocks, config.max_num_batched_tokens, config.max_num_seqs,
                                        config.max_model_len)
