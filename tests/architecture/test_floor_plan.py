@@ -1,23 +1,12 @@
 """The floor plan holds: import-linter's contracts (pyproject.toml) pass on the tree and catch an arrow that points up,
 and the scheduler service starts without torch."""
-import importlib.util
 import shutil
 import subprocess
-from pathlib import Path
 
 from sluice.cli.python_command import python_command
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).parents[2]
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lint = _load_script("lint_imports")
+lint = load_script(ROOT / "scripts" / "lint_imports.py")
 
 
 def test_the_import_contracts_hold():

@@ -1,25 +1,16 @@
 """BENCHMARKS.md's results table is the one benchmarks/results_table.py writes from benchmarks/results/*.json, and a
 `sluice bench --out` report becomes records that the table shows in place of older ones."""
-import importlib.util
 import json
 import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.scripts import ROOT, load_script
 
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-results_table = _script("results_table")
-record_result = _script("record_result")
+BENCHMARKS = ROOT / "benchmarks"
+results_table = load_script(BENCHMARKS / "results_table.py")
+record_result = load_script(BENCHMARKS / "record_result.py")
 
 
 def test_the_table_is_written_from_the_results():
