@@ -1,8 +1,11 @@
 """What every public API does with one generation once it is checked: submit it to a scheduler, turn the events into
 the protocol's responses per sample, end the samples whose stop string matched, and abort what the client left."""
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
+
+import grpc
 
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
@@ -10,6 +13,8 @@ from sluice.router.sample_stops import SampleStops
 from sluice.router.schedulers.messages import Failed, Finished, Submission, Tokens
 from sluice.router.schedulers.pool import SchedulerPool
 from sluice.router.telemetry.requests import RequestTelemetry
+
+log = logging.getLogger("sluice.router")
 
 
 class Sample(Protocol):
@@ -75,18 +80,29 @@ def deadline_unix_seconds(context) -> float:
 
 async def stream_generation(schedulers: SchedulerPool, submission: Submission, output: GenerationOutput,
                             telemetry: RequestTelemetry, context) -> AsyncIterator:
+    """A request that its replica fails with UNAVAILABLE (it lost its worker, or the router its link) before it sent
+    any output is submitted once more, to another ready replica."""
     try:
         events = schedulers.submit(submission)
     except SluiceError as error:
         telemetry.refused(error)
         raise
     request_id = submission.request_id
+    may_resubmit = True
     try:
         while not output.done:
             batch = _drain(await events.get(), events)
-            num_tokens = sum(len(event.token_ids) for event in batch if isinstance(event, Tokens))
+            tokens = [event for event in batch if isinstance(event, Tokens)]
+            num_tokens = sum(len(event.token_ids) for event in tokens)
             if num_tokens:
                 telemetry.tokens(num_tokens)
+            failed = next((event for event in batch if isinstance(event, Failed)), None)
+            if may_resubmit and not tokens and failed is not None and failed.status == grpc.StatusCode.UNAVAILABLE:
+                may_resubmit = True
+                events = _submit_elsewhere(schedulers, submission, failed)
+                if events is not None:
+                    continue
+            may_resubmit = may_resubmit and not tokens
             for ending in (event for event in batch if not isinstance(event, Tokens)):
                 telemetry.ended(ending)
                 if isinstance(ending, Failed):
@@ -100,6 +116,16 @@ async def stream_generation(schedulers: SchedulerPool, submission: Submission, o
             schedulers.finish(request_id, FinishReason.ABORT)
         schedulers.release(request_id)
         telemetry.close()
+
+
+def _submit_elsewhere(schedulers: SchedulerPool, submission: Submission, failed: Failed):
+    """The request's events from another replica; None if none is ready."""
+    try:
+        return schedulers.submit_elsewhere(submission)
+    except SluiceError as error:
+        log.warning("request %s failed (%s) and no other scheduler is ready: %s", submission.request_id,
+                    failed.details, error)
+        return None
 
 
 def _drain(event, events) -> list:

@@ -30,6 +30,9 @@ class SchedulerConfig:
     ngram_min: int = option(2, help="the shortest suffix of a request's tokens that ngram matches against its "
                                     "earlier tokens")
     ngram_max: int = option(4, help="the longest suffix ngram matches")
+    step_timeout: float = option(60.0, help="seconds a step's result may be overdue (a step of the whole token "
+                                            "budget gets twice as long) before the worker group is declared "
+                                            "lost: its requests end with UNAVAILABLE and it is set up again")
 
     def __post_init__(self):
         if self.num_blocks < 0:
@@ -46,6 +49,8 @@ class SchedulerConfig:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.step_timeout <= 0:
+            raise ValueError(f"step_timeout must be > 0, got {self.step_timeout}")
         if self.max_waiting_tokens < self.max_model_len:
             raise ValueError(f"max_waiting_tokens ({self.max_waiting_tokens}) must be >= max_model_len "
                              f"({self.max_model_len}), or some valid requests could never be queued")

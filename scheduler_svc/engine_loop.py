@@ -6,7 +6,7 @@ from functools import partial
 
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
-from sluice.core.step_plan import StepPlan
+from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.scheduler.kv_cache.event_log import KvEventLog
 from sluice.scheduler.outputs import RequestUpdate
 from sluice.scheduler.pipeline_depth import PipelineDepth
@@ -17,6 +17,7 @@ from sluice.scheduler.scheduler import Scheduler
 from sluice.scheduler.steps_in_flight import StepsInFlight
 from sluice.scheduler.telemetry.requests import SchedulerTelemetry
 from sluice.scheduler.workers.group import WorkerGroup
+from sluice.scheduler.workers.step_timeout import step_timeout_seconds
 
 log = logging.getLogger("sluice.scheduler")
 _IDLE_TICK_SECONDS = 0.05  # how often an idle loop looks at deadlines
@@ -71,10 +72,19 @@ class EngineLoop:
                 depth.idled()
                 await self._idle()
                 continue
-            outcome = await self.worker.receive()
+            outcome = await self._receive(steps.oldest.plan)
             depth.outcome_received(time.perf_counter())
             self._publish(steps.apply_oldest(outcome))
             self._seal_kv_events()
+
+    async def _receive(self, plan: StepPlan) -> StepOutcome:
+        """The step's outcome; Unavailable once it is overdue (a stopped or stuck rank), as for a lost worker."""
+        bound = step_timeout_seconds(plan, self.scheduler.config)
+        try:
+            async with asyncio.timeout(bound):
+                return await self.worker.receive()
+        except TimeoutError:
+            raise Unavailable(f"step {plan.step_id} had no result within {bound:.1f} s") from None
 
     def _send(self, depth: PipelineDepth, plan: StepPlan) -> None:
         self.telemetry.planned(plan)

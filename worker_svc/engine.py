@@ -53,6 +53,7 @@ class WorkerEngine:
                    max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
         """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the CUDA graphs. With
         a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own."""
+        self.runner = None  # a worker set up again (its scheduler lost it) frees the old cache first
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = _cos_sin_cache(self.model_config, max_model_len, self.device)
         if num_blocks <= 0:

@@ -4,6 +4,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
@@ -12,30 +13,34 @@ from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.router.schedulers.messages import Event, Failed, Finished, Submission, Tokens, Usage
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
-from sluice.serving.readiness import wait_until_serving
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sluice.router")
 _SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 _UPDATES_AHEAD = 2  # step updates the scheduler may have sent that this router has not dispatched yet
+_RECONNECT_SECONDS = 0.2  # between a broken stream or health watch and the next try
 
 
 class SchedulerLink:
     """The router's one bidirectional stream to a scheduler, multiplexing all of this router's requests.
 
-    When the stream breaks, the requests on it fail with UNAVAILABLE, `on_connected`
-    hears False, and the link waits for the scheduler to be ready again, reconnects, and `on_connected` hears True.
+    Ready while the stream is open and the scheduler reports SERVING, as its health Watch on the same channel pushes
+    it: a scheduler that lost its worker keeps the stream but is not ready. When the stream breaks, the requests on
+    it fail with UNAVAILABLE and the link reconnects once the scheduler is ready again. `on_ready` hears every change
+    of readiness.
     """
 
-    def __init__(self, address: str, on_connected: Callable[[bool], Awaitable[None]] | None = None):
+    def __init__(self, address: str, on_ready: Callable[[bool], Awaitable[None]] | None = None):
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self.on_connected = on_connected
+        self.on_ready = on_ready
         self._outgoing: asyncio.Queue[scheduler_pb2.RouterMessage] = asyncio.Queue()
         self._streams: dict[str, asyncio.Queue[Event]] = {}
-        self._reader: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._connected = False
+        self._serving = False
+        self._serving_changed = asyncio.Event()
 
     async def model_info(self, timeout: float) -> generation_pb2.ModelInfo:
         return await self.stub.GetModelInfo(generation_pb2.GetModelInfoRequest(), timeout=timeout,
@@ -50,11 +55,11 @@ class SchedulerLink:
             scheduler_pb2.SubscribeKvEventsRequest(after_sequence_number=after_sequence_number))
 
     def start(self) -> None:
-        self._reader = asyncio.create_task(self._keep_connected())
+        self._tasks = [asyncio.create_task(self._watch_readiness()), asyncio.create_task(self._keep_connected())]
 
     @property
-    def connected(self) -> bool:
-        return self._connected
+    def ready(self) -> bool:
+        return self._connected and self._serving
 
     @property
     def num_in_flight(self) -> int:
@@ -80,6 +85,7 @@ class SchedulerLink:
 
     async def _keep_connected(self) -> None:
         while True:
+            await self._until_serving()
             self._outgoing = asyncio.Queue()  # what was queued for a broken stream is dropped with it
             self._outgoing.put_nowait(_credit(_UPDATES_AHEAD))
             await self._set_connected(True)
@@ -89,13 +95,40 @@ class SchedulerLink:
             for events in self._streams.values():
                 events.put_nowait(Failed(grpc.StatusCode.UNAVAILABLE, details))
             self._streams.clear()
-            await wait_until_serving(self.channel, _SCHEDULER_SERVICE, timeout=float("inf"))
-            log.info("scheduler %s is ready again: reconnecting", self.address)
+            await asyncio.sleep(_RECONNECT_SECONDS)
+
+    async def _watch_readiness(self) -> None:
+        """Follows the scheduler's readiness as it pushes it; not serving while it cannot be reached."""
+        health = health_pb2_grpc.HealthStub(self.channel)
+        request = health_pb2.HealthCheckRequest(service=_SCHEDULER_SERVICE)
+        while True:
+            try:
+                async for response in health.Watch(request, wait_for_ready=True):
+                    await self._set_serving(response.status == health_pb2.HealthCheckResponse.SERVING)
+            except grpc.aio.AioRpcError:
+                pass
+            await self._set_serving(False)
+            await asyncio.sleep(_RECONNECT_SECONDS)
+
+    async def _until_serving(self) -> None:
+        while not self._serving:
+            self._serving_changed.clear()
+            await self._serving_changed.wait()
+
+    async def _set_serving(self, serving: bool) -> None:
+        if serving != self._serving:
+            log.info("scheduler %s is %s", self.address, "ready" if serving else "not ready")
+            self._serving = serving
+            self._serving_changed.set()
+            await self._readiness_changed()
 
     async def _set_connected(self, connected: bool) -> None:
         self._connected = connected
-        if self.on_connected is not None:
-            await self.on_connected(connected)
+        await self._readiness_changed()
+
+    async def _readiness_changed(self) -> None:
+        if self.on_ready is not None:
+            await self.on_ready(self.ready)
 
     @staticmethod
     async def _send(outgoing: asyncio.Queue):
@@ -132,8 +165,8 @@ class SchedulerLink:
                 events.put_nowait(_ending_from_pb(message))
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in self._tasks:
+            task.cancel()
         await self.channel.close()
 
 

@@ -13,9 +13,9 @@ LOAD_SLACK = 4  # a replica this many requests above the least loaded one loses 
 
 
 class SchedulerPool:
-    """Picks a replica per request: among the connected replicas within LOAD_SLACK of the least loaded, the one that
+    """Picks a replica per request: among the ready replicas within LOAD_SLACK of the least loaded, the one that
     rendezvous hashing assigns the prompt's prefix, so shared prefixes meet the same prefix cache. Ready while any
-    replica is connected."""
+    replica is ready (connected, and its scheduler has its worker)."""
 
     def __init__(self, addresses: list[str], on_ready: Callable[[bool], Awaitable[None]] | None = None):
         self.links = [SchedulerLink(address, self._link_changed) for address in addresses]
@@ -24,7 +24,7 @@ class SchedulerPool:
 
     @property
     def ready(self) -> bool:
-        return any(link.connected for link in self.links)
+        return any(link.ready for link in self.links)
 
     async def model_info(self, timeout: float):
         """The served model as every replica describes it (the shortest context where they differ)."""
@@ -34,8 +34,8 @@ class SchedulerPool:
         return min(infos, key=lambda info: info.max_model_len)
 
     async def loads(self, timeout: float) -> list:
-        """The Load of every connected replica."""
-        return await asyncio.gather(*(link.load(timeout) for link in self.links if link.connected))
+        """The Load of every ready replica."""
+        return await asyncio.gather(*(link.load(timeout) for link in self.links if link.ready))
 
     @property
     def num_in_flight(self) -> int:
@@ -55,16 +55,26 @@ class SchedulerPool:
     def submit(self, submission: Submission) -> asyncio.Queue[Event]:
         if submission.request_id in self._owner:
             raise InvalidArgument("request_id", f"{submission.request_id!r} duplicates a request in flight")
-        link = self.pick(submission.prompt_token_ids)
-        self._owner[submission.request_id] = link
-        return link.submit(submission)
+        return self._submit_to(self.pick(submission.prompt_token_ids), submission)
 
-    def pick(self, prompt_token_ids: list[int]) -> SchedulerLink:
-        connected = [link for link in self.links if link.connected]
-        if not connected:
-            raise Unavailable("no scheduler is connected")
-        least = min(link.num_in_flight for link in connected)
-        eligible = [link for link in connected if link.num_in_flight <= least + LOAD_SLACK]
+    def submit_elsewhere(self, submission: Submission) -> asyncio.Queue[Event]:
+        """Submits again, on another ready replica, a request whose replica failed it before any of its output
+        reached the client; Unavailable if there is none."""
+        failed = self._owner.pop(submission.request_id)
+        failed.release(submission.request_id)
+        return self._submit_to(self.pick(submission.prompt_token_ids, excluded=failed), submission)
+
+    def _submit_to(self, link: SchedulerLink, submission: Submission) -> asyncio.Queue[Event]:
+        events = link.submit(submission)
+        self._owner[submission.request_id] = link
+        return events
+
+    def pick(self, prompt_token_ids: list[int], excluded: SchedulerLink | None = None) -> SchedulerLink:
+        ready = [link for link in self.links if link.ready and link is not excluded]
+        if not ready:
+            raise Unavailable("no scheduler is ready")
+        least = min(link.num_in_flight for link in ready)
+        eligible = [link for link in ready if link.num_in_flight <= least + LOAD_SLACK]
         prefix = ",".join(map(str, prompt_token_ids[:AFFINITY_PREFIX_TOKENS])).encode()
         return max(eligible, key=lambda link: hashlib.blake2b(prefix + link.address.encode(), digest_size=8).digest())
 

@@ -47,9 +47,15 @@ class WorkerClient:
         self._cache = pb.InitCacheRequest()
         self._cache.CopyFrom(cache)
         self._cache.num_blocks = num_blocks
+        self.abandon()
         self._steps = asyncio.Queue()  # steps queued for a lost stream are dropped with it
         self._results = self._execute(self._outgoing(self._steps))
         return num_blocks
+
+    def abandon(self) -> None:
+        """Cancels the Execute stream, if one is open."""
+        if self._results is not None:
+            self._results.cancel()
 
     async def restart(self) -> None:
         """Sets up a worker that came back after a loss as it was: the same model, the same number of KV blocks."""
@@ -60,7 +66,7 @@ class WorkerClient:
         await self.start(self._cache)
 
     async def _serving_info(self, timeout: float) -> pb.WorkerInfo:
-        await wait_until_serving(self.channel, WORKER_SERVICE_NAME, timeout)
+        await self._call(wait_until_serving(self.channel, WORKER_SERVICE_NAME, timeout))
         return await self._call(self.stub.GetInfo(pb.GetInfoRequest()))
 
     @staticmethod

@@ -53,13 +53,21 @@ class WorkerGroup:
             return await self.driver.receive()
         reads = [asyncio.ensure_future(self.driver.receive()),
                  *(asyncio.ensure_future(worker.receive_marker()) for worker in self.followers)]
-        done, pending = await asyncio.wait(reads, return_when=asyncio.FIRST_EXCEPTION)
-        for read in pending:  # a rank failed: the others' reads would wait on a broken group
-            read.cancel()
+        try:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for read in reads:  # a rank failed, or the step is overdue: the others' reads would wait on a broken group
+                read.cancel()
         for read in done:
             if read.exception() is not None:
                 raise read.exception()
         return reads[0].result()
+
+    def abandon(self) -> None:
+        """Ends every rank's Execute stream: the group is taken for lost, and a rank that is stuck or stopped finds
+        its stream cancelled once it runs again."""
+        for worker in self.workers:
+            worker.abandon()
 
     async def check_streaming(self) -> None:
         for worker in self.workers:

@@ -14,9 +14,11 @@ _RETRY_SECONDS = 1.0  # after a worker that served failed to set up again
 class WorkerSupervisor:
     """Runs the engine loop on a started worker group, and outlives its workers.
 
-    When any rank of the group is lost, every request ends with UNAVAILABLE (none runs twice: the client decides
+    When any rank of the group is lost (its stream ends, or a step's result is overdue: a stopped or stuck rank),
+    every rank's stream is cancelled, every request ends with UNAVAILABLE (none runs twice: the client decides
     whether to retry) and `on_connected` hears False; the supervisor waits for every rank to serve again, checks
-    that each serves what it did, sets up their KV caches as before, resumes, and `on_connected` hears True.
+    that each serves what it did, sets up their KV caches as before, resumes, and `on_connected` hears True. No
+    failure of a worker ends the supervisor: a set-up that fails is tried again.
     """
 
     def __init__(self, loop: EngineLoop, worker: WorkerGroup, on_connected: Callable[[bool], Awaitable[None]]):
@@ -30,6 +32,7 @@ class WorkerSupervisor:
                 await self.loop.run()
             except Unavailable as error:
                 log.error("lost the worker: %s", error)
+                self.worker.abandon()
                 self.loop.worker_lost(Unavailable(f"the scheduler lost its worker: {error}"))
             await self.on_connected(False)
             await self._reconnect()
@@ -41,6 +44,7 @@ class WorkerSupervisor:
             try:
                 await self.worker.restart()
                 return
-            except Unavailable as error:
+            except Exception as error:
                 log.warning("setting up the worker again failed: %s", error)
+                self.worker.abandon()
                 await asyncio.sleep(_RETRY_SECONDS)

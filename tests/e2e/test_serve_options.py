@@ -25,7 +25,8 @@ WORKER = dict(model="SmolLM2-tiny", load_format="dummy", dtype="bfloat16", quant
               dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy")
 SCHEDULER = dict(num_blocks=64, block_size=32, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
                  enable_prefix_caching=False, policy="fcfs", max_waiting_requests=16, max_waiting_tokens=100_000,
-                 speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3)
+                 speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3,
+                 step_timeout=30.0)
 ROUTER = dict(max_request_bytes=1 << 20)
 OPERATIONS = dict(drain_timeout=5.0, metrics_host="127.0.0.1")  # and --metrics-port, one port per service
 SETTINGS = {WorkerConfig: WORKER, SchedulerConfig: SCHEDULER, RouterConfig: ROUTER, Operations: OPERATIONS}
