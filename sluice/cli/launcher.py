@@ -1,14 +1,14 @@
 """`sluice serve`: starts worker, scheduler and router processes, waits until every router is ready, and starts
-again each one that exits."""
+again each one that exits (serve_stop stops them)."""
 import logging
 import random
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -136,25 +136,29 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
 
 
 def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: list[str],
-                   router_args: list[list[str]], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+                   router_args: list[list[str]], env: dict[str, str] | None = None,
+                   own_sessions: bool = False) -> list[subprocess.Popen]:
     """Worker, scheduler, then the routers (start_routers). env: the services' environment (default: this
-    process's)."""
+    process's). own_sessions: each service in a session (and process group) of its own, out of reach of the
+    terminal's Ctrl-C, which then reaches only this process (`sluice serve`, which stops them in order)."""
+    popen = {"env": env, "start_new_session": own_sessions}
     return [
-        subprocess.Popen(sluice_command("worker", "--listen", layout.worker_addresses, *worker_args), env=env),
+        subprocess.Popen(sluice_command("worker", "--listen", layout.worker_addresses, *worker_args), **popen),
         subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address,
-                                        "--worker", layout.worker_addresses, *scheduler_args), env=env),
-        *start_routers(layout, router_args, env),
+                                        "--worker", layout.worker_addresses, *scheduler_args), **popen),
+        *start_routers(layout, router_args, env, own_sessions),
     ]
 
 
-def start_routers(layout: ServeLayout, router_args: list[list[str]],
-                  env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def start_routers(layout: ServeLayout, router_args: list[list[str]], env: dict[str, str] | None = None,
+                  own_sessions: bool = False) -> list[subprocess.Popen]:
     """One router per layout.router_listens, with its router_args; several share the router port."""
     if len(router_args) != layout.router_processes:
         raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
     share_port = ["--share-port"] if layout.router_processes > 1 else []
     return [subprocess.Popen([*sluice_command("router"), "--listen", listen, *share_port,
-                              "--scheduler", layout.scheduler_address, *args], env=env)
+                              "--scheduler", layout.scheduler_address, *args], env=env,
+                             start_new_session=own_sessions)
             for listen, args in zip(layout.router_listens, router_args)]
 
 
@@ -172,7 +176,8 @@ class RestartBackoff:
 
 
 class KeptService:
-    """A service's process, started again with its command line whenever it exits, after a backoff delay."""
+    """A service's process, started again with its command line (in a session of its own, as `sluice serve` starts
+    each) whenever it exits, after a backoff delay."""
 
     def __init__(self, process: subprocess.Popen, backoff: RestartBackoff, name: str | None = None):
         """name: for the log (default: the Sluice service the command runs)."""
@@ -198,12 +203,12 @@ class KeptService:
             self._restart_at = now + self._delay
             self._delay = min(2 * self._delay, self.backoff.max_delay)
         elif now >= self._restart_at:
-            self.process = subprocess.Popen(self.process.args)
+            self.process = subprocess.Popen(self.process.args, start_new_session=True)
             self._started, self._restart_at = now, None
 
 
-def keep_running(services: list[KeptService]) -> NoReturn:
-    while True:
+def keep_running(services: list[KeptService], until: Callable[[], bool]) -> None:
+    while not until():
         now = time.monotonic()
         for service in services:
             service.poll(now)

@@ -2,6 +2,7 @@
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -50,7 +51,8 @@ def _add_fetch_model(commands) -> None:
 
 
 def _add_serve(commands) -> None:
-    command = commands.add_parser("serve", help="start router, scheduler and worker, and restart any that exits; Ctrl-C stops all three")
+    command = commands.add_parser("serve", help="start router, scheduler and worker, and restart any that exits; "
+                                                "Ctrl-C or SIGTERM stops them in order, once requests in flight end")
     command.add_argument("--host", default="127.0.0.1")
     command.add_argument("--port", type=int, default=50051, help="the router's port")
     add_router_process_options(command)
@@ -68,9 +70,11 @@ def _add_serve(commands) -> None:
 
 
 def _serve(args) -> None:
+    """Stops on a signal as serve_stop says: exit code 0 once every service has stopped on its own, else 1."""
     from sluice.cli.gateway import GatewayLayout, gateway_command, wait_until_gateway_serves
     from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, keep_running, start_services,
-                                     stop_services, wait_until_routers_serve)
+                                     wait_until_routers_serve)
+    from sluice.cli.serve_stop import StopRequested, StopSignals, stop_in_stages
 
     args.model = args.model or str(default_model())
     gateway = GatewayLayout(args.host, args.openai_port, args.openai_metrics_port) if args.openai_port else None
@@ -84,23 +88,31 @@ def _serve(args) -> None:
     # metrics ports: router, scheduler, the worker's ranks, then the other routers
     routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + args.tensor_parallel_size + i)
                for i in range(args.router_processes)]
+    signals = StopSignals()
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
-                               [[*router, *operations] for operations in routers])
-    services = [KeptService(process, RestartBackoff()) for process in processes]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+                               [[*router, *operations] for operations in routers], own_sessions=True)
+    worker_service, scheduler_service, *router_services = (KeptService(p, RestartBackoff()) for p in processes)
+    gateway_services = []
     try:
-        wait_until_routers_serve(layout, args.startup_timeout, processes)
+        with signals.interrupting():
+            wait_until_routers_serve(layout, args.startup_timeout, processes)
         print(f"sluice is serving {Path(args.model).name} on {layout.router_address}", flush=True)
         if gateway is not None:
-            smg = subprocess.Popen(gateway_command(gateway, layout.router_process_addresses, Path(args.model)))
-            services.append(KeptService(smg, RestartBackoff(), name="gateway"))
-            wait_until_gateway_serves(gateway, args.startup_timeout, smg)
+            drain = ["--shutdown-grace-period-secs", str(math.ceil(args.drain_timeout))]
+            smg = subprocess.Popen(gateway_command(gateway, layout.router_process_addresses, Path(args.model), drain),
+                                   start_new_session=True)
+            gateway_services.append(KeptService(smg, RestartBackoff(), name="gateway"))
+            with signals.interrupting():
+                wait_until_gateway_serves(gateway, args.startup_timeout, smg)
             print(f"the OpenAI API is on {gateway.url}/v1", flush=True)
-        keep_running(services)
-    except KeyboardInterrupt:
+        keep_running([worker_service, scheduler_service, *router_services, *gateway_services],
+                     until=lambda: signals.requested)
+    except StopRequested:
         pass
     finally:
-        stop_services([service.process for service in services])
+        stopped = stop_in_stages([gateway_services, router_services, [scheduler_service], [worker_service]],
+                                 args.drain_timeout, forced=lambda: signals.forced)
+    sys.exit(0 if stopped else 1)
 
 
 def _add_worker(commands) -> None:

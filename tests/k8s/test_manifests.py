@@ -15,6 +15,7 @@ K8S = Path(__file__).parents[2] / "k8s"
 KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu",
                   "gateway": K8S / "overlays" / "gateway"}
 READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
+CLOSE_SECONDS = 10  # a process's own stop after its drain: its server, its spans, a worker's ranks (5 s)
 
 
 def _kustomize_command() -> list[str]:
@@ -64,12 +65,29 @@ def test_container_args_are_real_sluice_options(rendered):
         build_parser().parse_args(container["args"])
 
 
+def _pre_stop_seconds(container: dict) -> float:
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    return float(command[1])
+
+
 def test_drain_fits_in_the_grace_period(rendered):
     for pod, container in _containers(rendered):
         drain_timeout = _option(container["args"], "drain_timeout")
-        pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-        assert pre_stop[0] == "sleep"
-        assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain_timeout, container["name"]
+        needed = _pre_stop_seconds(container) + drain_timeout + CLOSE_SECONDS
+        assert pod["terminationGracePeriodSeconds"] >= needed, container["name"]
+
+
+def test_each_tier_drains_at_least_as_long_as_the_tier_in_front_of_it(rendered):
+    """Pods stop in no order: what a tier still holds must find the tiers behind it serving."""
+    drain_timeouts = {container["name"]: _option(container["args"], "drain_timeout")
+                      for _, container in _containers(rendered)}
+    gateway = next((c for _, c in _all_containers(rendered) if c["name"] == "gateway"), None)
+    if gateway is not None:
+        from smg.launch_router import parse_router_args
+
+        assert parse_router_args(gateway["args"]).shutdown_grace_period_secs <= drain_timeouts["router"]
+    assert drain_timeouts["router"] <= drain_timeouts["scheduler"] <= drain_timeouts["worker"]
 
 
 def test_probes_are_native_grpc_with_a_startup_probe_for_loading(rendered):
@@ -135,8 +153,8 @@ def test_the_gateway_overlay_puts_smg_in_front_of_the_router_service():
     assert options.backend == "vllm"
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
     assert ports == {"http": options.port, "metrics": options.prometheus_port}
-    assert pod["terminationGracePeriodSeconds"] > float(gateway["lifecycle"]["preStop"]["exec"]["command"][1]) + \
-        options.shutdown_grace_period_secs
+    assert pod["terminationGracePeriodSeconds"] >= \
+        _pre_stop_seconds(gateway) + options.shutdown_grace_period_secs + CLOSE_SECONDS
     for probe, path in (("startupProbe", "/readiness"), ("readinessProbe", "/readiness"), ("livenessProbe", "/liveness")):
         assert gateway[probe]["httpGet"] == {"path": path, "port": "http"}
     service = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice-gateway")
