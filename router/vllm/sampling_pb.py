@@ -1,6 +1,10 @@
-"""vLLM's engine protocol (smg-grpc-proto's vllm.grpc.engine) to the domain's SamplingParams. Its scalars are plain
-proto3 fields, so 0 means the default where vLLM reads it so: top_p 0 is 1, top_k 0 is off, repetition_penalty 0 is
-1, n 0 is 1; an unset temperature is 1 and an unset max_tokens fills the context."""
+"""vLLM's engine protocol (smg-grpc-proto's vllm.grpc.engine) to the domain's SamplingParams, each field with the
+native API's meaning, to be checked by the same checks. Its scalars are plain proto3 fields, where 0 and unset look
+alike: smg fills top_p, repetition_penalty and n with 1 when its client leaves them out, so a 0 there is the client's
+own and is refused as the native API refuses it; top_k 0 is off, as in vLLM (the field cannot carry -1). An unset
+temperature is 1 and an unset max_tokens fills the context. skip_special_tokens and spaces_between_special_tokens
+shape the gateway's own detokenization, and grammar_from_first_token asks for what Sluice always does (a constraint
+holds from the first generated token): none of them changes the generation."""
 import json
 from dataclasses import replace
 
@@ -16,15 +20,15 @@ _UNSUPPORTED_CONSTRAINTS = ("structural_tag",)
 def sampling_params_from_vllm_pb(message: vllm.SamplingParams, defaults: SamplingParams) -> SamplingParams:
     values = {
         "temperature": message.temperature if message.HasField("temperature") else defaults.temperature,
-        "top_p": message.top_p or 1.0,
+        "top_p": message.top_p,
         "top_k": message.top_k or -1,
         "min_p": message.min_p,
         "presence_penalty": message.presence_penalty,
         "frequency_penalty": message.frequency_penalty,
-        "repetition_penalty": message.repetition_penalty or 1.0,
+        "repetition_penalty": message.repetition_penalty,
         "min_tokens": message.min_tokens,
         "ignore_eos": message.ignore_eos,
-        "n": message.n or 1,
+        "n": message.n,
         "include_stop_str_in_output": message.include_stop_str_in_output,
         "stop": list(message.stop),
         "stop_token_ids": list(message.stop_token_ids),

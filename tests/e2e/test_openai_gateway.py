@@ -1,23 +1,30 @@
 """The OpenAI API through a real smg process in front of the router's vLLM engine protocol, with the real `openai`
 client: what it answers matches the native API, every sampling control reaches the engine, a bad value is an HTTP
 400 that leaves Sluice healthy, a client that goes away frees its KV blocks, and smg's trace continues in the spans
-of all three services."""
+of all three services. The engine protocol itself, as smg speaks it, is held to the native API too."""
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import jsonschema
 import openai
 import pytest
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
 from sluice.cli.launcher import free_ports, stop_services
-from sluice.client import chat_request
+from sluice.client import chat_request, text_request
 from tests.e2e.test_greedy_matches_hf import PROMPTS
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+OUT_OF_VOCABULARY = 10**7
+SMG_UNSET = {"top_p": 1.0, "repetition_penalty": 1.0, "n": 1}  # what smg sends for fields its client leaves out
+SMG_DROPS_LOGIT_BIAS = pytest.mark.xfail(strict=True, reason="smg (1.13) sends no logit_bias on vLLM's engine "
+                                                             "protocol: its vLLM request builders leave it empty")
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +124,54 @@ def test_an_out_of_range_value_is_a_400_and_sluice_stays_healthy(client, options
     with pytest.raises(openai.BadRequestError):
         _chat(client, **{"max_tokens": 4, **options})
     assert "Paris" in _chat(client, temperature=0).choices[0].message.content
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"extra_body": {"repetition_penalty": 0}}, "sampling.repetition_penalty"),
+    pytest.param({"logit_bias": {str(OUT_OF_VOCABULARY): 1}}, "sampling.logit_bias", marks=SMG_DROPS_LOGIT_BIAS),
+    pytest.param({"logit_bias": {"5": 1000}}, "sampling.logit_bias", marks=SMG_DROPS_LOGIT_BIAS),
+], ids=["repetition_penalty_0", "logit_bias_out_of_vocabulary", "logit_bias_1000"])
+def test_a_value_the_native_api_refuses_is_a_400_that_names_the_field(client, options, field):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(client, **{"max_tokens": 4, **options})
+    assert f"{field}: " in refused.value.message
+
+
+def _engine_token_ids(services, text: str, **sampling) -> list[int]:
+    """One unstreamed generation on the router's engine protocol, with the sampling fields that smg fills."""
+    request = vllm.GenerateRequest(text=text, sampling_params=vllm.SamplingParams(**{**SMG_UNSET, **sampling}))
+    with grpc.insecure_channel(services.layout.router_address) as channel:
+        responses = list(vllm_engine_pb2_grpc.VllmEngineStub(channel).Generate(request, timeout=60))
+    return list(responses[-1].complete.output_ids)
+
+
+def test_logit_bias_on_the_engine_protocol_changes_the_tokens_as_on_the_native_api(services):
+    prompt = "The capital of France is"
+    greedy = services.client.generate(text_request(prompt, temperature=0.0, max_tokens=6)).token_ids
+    banned = {greedy[0]: -100.0}
+    native = services.client.generate(text_request(prompt, temperature=0.0, max_tokens=6, logit_bias=banned))
+    assert native.token_ids[0] != greedy[0]
+    assert _engine_token_ids(services, prompt, temperature=0.0, max_tokens=6, logit_bias=banned) == native.token_ids
+
+
+@pytest.mark.parametrize("sampling", [{"logit_bias": {OUT_OF_VOCABULARY: 1.0}}, {"logit_bias": {5: 1000.0}},
+                                      {"repetition_penalty": 0.0}],
+                         ids=["logit_bias_out_of_vocabulary", "logit_bias_1000", "repetition_penalty_0"])
+def test_a_value_the_native_api_refuses_is_invalid_argument_on_the_engine_protocol(services, sampling):
+    field = f"sampling.{next(iter(sampling))}"
+    with pytest.raises(grpc.RpcError) as refused:
+        _engine_token_ids(services, "hi", max_tokens=4, **sampling)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith(f"{field}: ")
+
+
+@SMG_DROPS_LOGIT_BIAS
+def test_logit_bias_through_smg_changes_the_text_as_on_the_native_api(services, client):
+    greedy = services.client.generate(chat_request(FRANCE[0]["content"], temperature=0.0, max_tokens=8)).token_ids
+    native = services.client.generate(chat_request(FRANCE[0]["content"], temperature=0.0, max_tokens=8,
+                                                   logit_bias={greedy[0]: -100.0}))
+    through_smg = _chat(client, temperature=0, max_tokens=8, logit_bias={str(greedy[0]): -100})
+    assert through_smg.choices[0].message.content == native.text
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_blocks(services, client):
