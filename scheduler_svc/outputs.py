@@ -33,6 +33,10 @@ class LoadSnapshot:
     num_total_blocks: int
     prefix_cache_hit_rate: float  # hit tokens / queried tokens since start
     num_preemptions: int  # since start
+    engine_silence: float | None  # seconds without a step's outcome while steps are in flight; None while none is
+    # tokens to prefill: the waiting requests' (a preempted one's output too), and the prompt, less its prefix-cache
+    # hit, of each running request that has no token yet
+    num_prefill_pending_tokens: int
     # speculative decoding, since start
     num_drafts: int = 0  # request-steps with proposals
     num_draft_tokens: int = 0

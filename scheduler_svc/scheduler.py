@@ -2,7 +2,9 @@
 import bisect
 import heapq
 import itertools
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.core.errors import InvalidArgument, SluiceError
@@ -39,7 +41,7 @@ class _StepDraft:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, eos_token_ids: set[int]):
+    def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -54,6 +56,8 @@ class Scheduler:
         self._worker_dropped_ids: list[str] = []  # finished or preempted since the last plan
         self._next_step_id = 0
         self._in_flight: deque[int] = deque()  # ids of the steps sent and not yet applied, oldest first
+        self._clock = clock
+        self._progressed_at = clock()  # the last step's outcome, or the send that ended a spell with none in flight
         self.speculation = Speculation(config) if config.speculative_method is not None else None
 
     # -- requests in and out
@@ -169,6 +173,8 @@ class Scheduler:
         self._next_step_id += 1
         if plan.num_scheduled_tokens:
             self._advance(plan)
+            if not self._in_flight:
+                self._progressed_at = self._clock()
             self._in_flight.append(plan.step_id)
             for request_id in plan.num_proposed:
                 self.speculation.launched(request_id, draft.decodes_only)
@@ -191,6 +197,7 @@ class Scheduler:
         if not self._in_flight or plan.step_id != self._in_flight[0]:
             raise ValueError(f"step {plan.step_id} is not the oldest step in flight ({list(self._in_flight)})")
         self._in_flight.popleft()
+        self._progressed_at = self._clock()
         updates = self._fail_grammar_errors(plan, outcome.grammar_errors)
         sampled = outcome.sampled_token_ids
         grammar_completed = set(outcome.grammar_completed_request_ids)
@@ -282,6 +289,10 @@ class Scheduler:
             num_total_blocks=blocks.num_total_blocks,
             prefix_cache_hit_rate=blocks.prefix_cache_hit_rate,
             num_preemptions=self.num_preemptions,
+            engine_silence=self._clock() - self._progressed_at if self._in_flight else None,
+            num_prefill_pending_tokens=self._waiting.num_tokens + sum(
+                request.num_prompt_tokens - request.num_cached_tokens for request in self._running
+                if not request.output_token_ids),
             num_drafts=spec.num_drafts,
             num_draft_tokens=spec.num_draft_tokens,
             num_accepted_tokens=spec.num_accepted_tokens,

@@ -5,10 +5,10 @@ from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb
 from sluice.scheduler.engine_loop import EngineLoop
-from sluice.scheduler.kv_cache.events_pb import kv_event_batch_to_pb
+from sluice.scheduler.routers.kv_event_stream import kv_event_stream
 from sluice.scheduler.routers.outbox import Outbox
 from sluice.scheduler.routers.sessions import RouterSessions
-from sluice.scheduler.routers.updates_pb import load_to_pb, request_from_pb
+from sluice.scheduler.routers.updates_pb import load_to_pb, loaded_batch_to_pb, request_from_pb
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -55,11 +55,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def SubscribeKvEvents(self, request: scheduler_pb2.SubscribeKvEventsRequest, context):
         log = self.loop.kv_events
-        cursor = request.after_sequence_number
-        log.check_cursor(cursor)
+        log.check_cursor(request.after_sequence_number)
         await context.send_initial_metadata(())  # the subscriber learns its cursor is taken before any batch
-        while True:
-            for batch in log.after(cursor):
-                yield kv_event_batch_to_pb(batch)
-                cursor = batch.sequence_number
-            await log.wait_after(cursor)
+        async for loaded in kv_event_stream(log, self.loop.scheduler.get_load, request.after_sequence_number,
+                                            request.load_only_batches, request.load_before_first_batch):
+            yield loaded_batch_to_pb(loaded)

@@ -49,10 +49,12 @@ class SchedulerLink:
     async def load(self, timeout: float) -> scheduler_pb2.Load:
         return await self.stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout)
 
-    def kv_events(self, after_sequence_number: int):
-        """The scheduler's prefix-cache event stream, from the batch after the one named."""
-        return self.stub.SubscribeKvEvents(
-            scheduler_pb2.SubscribeKvEventsRequest(after_sequence_number=after_sequence_number))
+    def kv_events(self, after_sequence_number: int, load_before_first_batch: bool):
+        """The scheduler's prefix-cache event stream, from the batch after the one named, with its load on every
+        batch and in load-only batches between them (before its first batch too, where asked)."""
+        return self.stub.SubscribeKvEvents(scheduler_pb2.SubscribeKvEventsRequest(
+            after_sequence_number=after_sequence_number, load_only_batches=True,
+            load_before_first_batch=load_before_first_batch))
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._watch_readiness()), asyncio.create_task(self._keep_connected())]

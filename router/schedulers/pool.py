@@ -41,12 +41,12 @@ class SchedulerPool:
     def num_in_flight(self) -> int:
         return sum(link.num_in_flight for link in self.links)
 
-    def kv_events(self, after_sequence_number: int):
-        """The prefix-cache events of the one replica; Unimplemented for several, whose caches a gateway cannot
-        tell apart behind this router (which sends shared prefixes to one replica itself)."""
+    def kv_events(self, after_sequence_number: int, load_before_first_batch: bool):
+        """The prefix-cache events and load of the one replica; Unimplemented for several, whose caches a gateway
+        cannot tell apart behind this router (which sends shared prefixes to one replica itself)."""
         if len(self.links) > 1:
             raise Unimplemented("this router balances several scheduler replicas: their KV events are not relayed")
-        return self.links[0].kv_events(after_sequence_number)
+        return self.links[0].kv_events(after_sequence_number, load_before_first_batch)
 
     def start(self) -> None:
         for link in self.links:

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
@@ -105,10 +106,10 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                                                sha256=bundle.sha256 if last else "")
 
     async def SubscribeKvEvents(self, request: common_pb2.SubscribeKvEventsRequest, context):
-        """The scheduler's prefix-cache events; its refusal of the cursor (OUT_OF_RANGE) comes back as the call's
-        status before any batch, as the subscriber expects, and its DATA_LOSS for a reader left behind ends the
-        stream."""
-        call = self.schedulers.kv_events(request.start_sequence_number)
+        """The scheduler's prefix-cache events, each batch with its load, and its load-only batches; its refusal of
+        the cursor (OUT_OF_RANGE) comes back as the call's status before any batch, as the subscriber expects, and
+        its DATA_LOSS for a reader left behind ends the stream."""
+        call = self.schedulers.kv_events(request.start_sequence_number, request.load_records_before_first_batch)
         try:
             await call.initial_metadata()
             if call.done():

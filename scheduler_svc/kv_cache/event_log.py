@@ -29,21 +29,28 @@ class KvEventLog:
         self._batches: deque[KvEventBatch] = deque(maxlen=history_batches)
         self._last_sequence = 0
         self._last_event_id = 0
-        self._appended = asyncio.Event()
+        self._num_steps = 0
+        self._sealed = asyncio.Event()
 
     @property
     def last_sequence_number(self) -> int:
         return self._last_sequence
 
+    @property
+    def num_steps(self) -> int:
+        """The engine steps sealed so far."""
+        return self._num_steps
+
     def seal(self, events: list[KvEvent]) -> None:
-        """Numbers one step's events as the next batch; a step without any adds none."""
-        if not events:
-            return
-        self._last_sequence += 1
-        self._batches.append(KvEventBatch(self._last_sequence, time.time(), self._last_event_id + 1, events))
-        self._last_event_id += len(events)
-        self._appended.set()
-        self._appended = asyncio.Event()
+        """Ends one engine step: numbers its events as the next batch (a step without any adds none) and wakes the
+        readers waiting for it."""
+        if events:
+            self._last_sequence += 1
+            self._batches.append(KvEventBatch(self._last_sequence, time.time(), self._last_event_id + 1, events))
+            self._last_event_id += len(events)
+        self._num_steps += 1
+        self._sealed.set()
+        self._sealed = asyncio.Event()
 
     def check_cursor(self, cursor: int) -> None:
         """OutOfRange for a cursor this log cannot continue: past its last batch (one of a scheduler that has
@@ -62,10 +69,10 @@ class KvEventLog:
             raise DataLoss(f"the subscriber fell behind: it has batch {cursor}, the history starts at {first}")
         return list(itertools.islice(self._batches, max(cursor - first + 1, 0), None))
 
-    async def wait_after(self, cursor: int) -> None:
-        """Returns once a batch after `cursor` exists."""
-        while self._last_sequence <= cursor:
-            await self._appended.wait()
+    async def wait_for_step(self, num_steps: int) -> None:
+        """Returns once more than `num_steps` engine steps have been sealed."""
+        while self._num_steps <= num_steps:
+            await self._sealed.wait()
 
     def _first_held(self) -> int:
         return self._batches[0].sequence_number if self._batches else self._last_sequence + 1

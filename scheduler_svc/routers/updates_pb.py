@@ -6,8 +6,10 @@ from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.logprobs_pb import logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
+from sluice.scheduler.kv_cache.events_pb import kv_event_batch_to_pb
 from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
 from sluice.scheduler.request import Request
+from sluice.scheduler.routers.kv_event_stream import LoadedBatch
 from sluice.serving.grpc_errors import status_for
 from sluice.v1 import generation_pb2, scheduler_pb2
 
@@ -63,9 +65,19 @@ def _rejection_to_pb(update: RequestUpdate) -> scheduler_pb2.Rejection:
 
 
 def load_to_pb(load: LoadSnapshot) -> scheduler_pb2.Load:
+    silence_ms = None if load.engine_silence is None else round(load.engine_silence * 1000)
     return scheduler_pb2.Load(
         num_running=load.num_running, num_waiting=load.num_waiting, num_used_blocks=load.num_used_blocks,
         num_free_blocks=load.num_free_blocks, num_total_blocks=load.num_total_blocks,
         prefix_cache_hit_rate=load.prefix_cache_hit_rate, num_preemptions=load.num_preemptions,
         num_draft_tokens=load.num_draft_tokens, num_accepted_tokens=load.num_accepted_tokens,
-        num_accepted_tokens_per_position=load.num_accepted_tokens_per_position)
+        num_accepted_tokens_per_position=load.num_accepted_tokens_per_position, engine_silence_ms=silence_ms,
+        num_prefill_pending_tokens=load.num_prefill_pending_tokens)
+
+
+def loaded_batch_to_pb(loaded: LoadedBatch) -> scheduler_pb2.KvEventBatch:
+    message = kv_event_batch_to_pb(loaded.batch)
+    message.load.CopyFrom(load_to_pb(loaded.load))
+    message.load_sample = loaded.load_sample
+    message.load_only = loaded.load_only
+    return message

@@ -1,12 +1,20 @@
 """SubscribeKvEvents through the real services: the router relays the scheduler's prefix-cache events in smg's
-messages, with block hashes that chain, evictions in a small pool, and a cursor to resume from."""
+messages, with block hashes that chain, evictions in a small pool, and a cursor to resume from; and the engine's load
+on every batch and in load-only batches, which a real smg reads to stop routing to a worker gone silent."""
+import json
 import queue
+import signal
 import threading
+import time
+import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
 
+from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
+from sluice.cli.launcher import free_ports
 from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
 from tests.e2e.services import running_services
@@ -17,20 +25,23 @@ NUM_BLOCKS = 12
 
 
 class Subscription:
-    """A SubscribeKvEvents stream read on a thread, its batches queued."""
+    """A SubscribeKvEvents stream read on a thread, its batches queued: those with events (or the call's error) in
+    `batches`, the load-only ones in `load_only`."""
 
-    def __init__(self, address: str, start_sequence_number: int = 0):
+    def __init__(self, address: str, start_sequence_number: int = 0, load_records_before_first_batch: bool = False):
         self.channel = grpc.insecure_channel(address)
         stub = vllm_engine_pb2_grpc.VllmEngineStub(self.channel)
         self.call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(
-            start_sequence_number=start_sequence_number))
+            start_sequence_number=start_sequence_number,
+            load_records_before_first_batch=load_records_before_first_batch))
         self.batches: queue.Queue = queue.Queue()
+        self.load_only: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         try:
             for batch in self.call:
-                self.batches.put(batch)
+                (self.load_only if batch.load.load_only else self.batches).put(batch)
         except grpc.RpcError as error:
             self.batches.put(error)
 
@@ -129,3 +140,78 @@ def test_a_cursor_past_the_history_is_out_of_range_and_the_router_stays_healthy(
     finally:
         subscription.close()
     _generate(small_pool, _prompt(7000))
+
+
+def test_an_idle_stream_has_heartbeats_and_every_batch_carries_the_load(small_pool):
+    subscription = Subscription(small_pool.layout.router_address, load_records_before_first_batch=True)
+    try:
+        idle = subscription.load_only.get(timeout=3).load  # after the history's replay, if any
+        assert idle.running_requests == 0 and not idle.HasField("engine_silence_ms")
+        assert idle.max_total_num_tokens == NUM_BLOCKS * BLOCK and idle.engine_reports_steps
+        assert subscription.load_only.get(timeout=3).load.sample == idle.sample + 1  # a heartbeat
+        while not subscription.batches.empty():  # the replay
+            subscription.batches.get()
+        _generate(small_pool, _prompt(8000))
+        batches = subscription.until(lambda seen: len(_stored_hashes(seen)) >= 3)
+        samples = [idle.sample + 1, *(batch.load.sample for batch in batches)]
+        assert samples == sorted(set(samples))
+        assert any(batch.load.running_requests == 1 for batch in batches)
+    finally:
+        subscription.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(small_pool, default_model_dir):
+    """smg in front of the small pool's router, which it judges wedged after a second without progress."""
+    layout = GatewayLayout("127.0.0.1", *free_ports(2))
+    process = start_gateway(layout, [small_pool.layout.router_address], default_model_dir,
+                            ["--worker-wedge-secs", "1"])
+    try:
+        wait_until_gateway_serves(layout, 60, process)
+        yield layout
+    finally:
+        process.kill()  # its graceful stop holds the port open 5 s for load balancers, and none balances onto it
+        process.wait()
+
+
+def _gateway_sample(layout: GatewayLayout, name: str, **labels) -> float:
+    with urllib.request.urlopen(f"http://{layout.host}:{layout.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
+
+
+def _gateway_load(layout: GatewayLayout) -> dict:
+    with urllib.request.urlopen(f"{layout.url}/loads", timeout=5) as response:
+        [load] = json.loads(response.read())["loads"]
+    return load
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"smg never saw {what}"
+        time.sleep(0.1)
+
+
+def test_smg_takes_the_load_records_and_stops_routing_to_a_silent_worker_until_it_steps_again(small_pool, gateway):
+    _wait_for(lambda: _gateway_sample(gateway, "smg_kv_event_batches_total", disposition="load_only"), 5,
+              "a load-only batch")
+    # GetLoads has no active_token_usage: only a pushed record shows it
+    _wait_for(lambda: "active_token_usage" in _gateway_load(gateway), 5, "a pushed load record")
+    worker = small_pool.processes[0]
+    answers = queue.Queue()
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        body = json.dumps({"model": "SmolLM2-135M-Instruct", "prompt": "Hello", "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"{gateway.url}/v1/completions", body, {"Content-Type": "application/json"})
+        threading.Thread(target=lambda: answers.put(urllib.request.urlopen(request, timeout=60).status),
+                         daemon=True).start()
+        _wait_for(lambda: _gateway_sample(gateway, "smg_worker_stalled", reason="wedged") == 1, 10,
+                  "the worker's silence")
+        _wait_for(lambda: _gateway_load(gateway)["num_running_reqs"] == 1, 5, "the request running")
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    assert answers.get(timeout=30) == 200
+    _wait_for(lambda: _gateway_sample(gateway, "smg_worker_stalled", reason="wedged") == 0, 10,
+              "the worker step again")

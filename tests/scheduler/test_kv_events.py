@@ -1,13 +1,11 @@
 """The prefix cache's stored and removed events, and the numbered history subscribers read them from."""
-import asyncio
-
 import pytest
-from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion
 
 from sluice.core.errors import DataLoss, OutOfRange
 from sluice.scheduler.kv_cache.event_log import KvEventLog
 from sluice.scheduler.kv_cache.events import BlocksRemoved, BlocksStored
 from sluice.scheduler.kv_cache.prefix_hash import ROOT_PARENT_HASH, hash_block
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion
 
 BLOCK = 16
 
@@ -78,16 +76,3 @@ def test_a_cursor_reads_the_batches_after_it_and_the_history_is_bounded():
         log.check_cursor(6)
     with pytest.raises(DataLoss, match="fell behind"):
         log.after(1)
-
-
-def test_a_waiting_reader_wakes_on_the_next_batch():
-    async def scenario():
-        log = KvEventLog()
-        waiter = asyncio.create_task(log.wait_after(0))
-        await asyncio.sleep(0)
-        assert not waiter.done()
-        log.seal(_removed(1))
-        await asyncio.wait_for(waiter, 1)
-        await asyncio.wait_for(log.wait_after(0), 1)  # a batch after the cursor exists already
-
-    asyncio.run(scenario())
