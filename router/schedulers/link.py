@@ -35,7 +35,7 @@ class SchedulerLink:
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
         self.on_ready = on_ready
-        self._outgoing: asyncio.Queue[scheduler_pb2.RouterMessage] = asyncio.Queue()
+        self._outgoing: asyncio.Queue[scheduler_pb2.RouterMessage | None] = asyncio.Queue()  # None ends the stream
         self._streams: dict[str, asyncio.Queue[Event]] = {}
         self._tasks: list[asyncio.Task] = []
         self._connected = False
@@ -92,6 +92,7 @@ class SchedulerLink:
             self._outgoing.put_nowait(_credit(_UPDATES_AHEAD))
             await self._set_connected(True)
             details = await self._read(self.stub.Connect(self._send(self._outgoing)))
+            self._outgoing.put_nowait(None)  # ends the broken stream's iterator, which gRPC leaves waiting
             await self._set_connected(False)
             log.error("lost the scheduler link: %s", details)
             for events in self._streams.values():
@@ -134,8 +135,8 @@ class SchedulerLink:
 
     @staticmethod
     async def _send(outgoing: asyncio.Queue):
-        while True:
-            yield await outgoing.get()
+        while (message := await outgoing.get()) is not None:
+            yield message
 
     async def _read(self, call) -> str:
         try:

@@ -27,7 +27,7 @@ class WorkerClient:
         self._execute = self.channel.stream_stream(_EXECUTE, response_deserializer=pb.StepResult.FromString)
         self.info: pb.WorkerInfo | None = None  # what the worker serves, as it first said
         self._cache: pb.InitCacheRequest | None = None  # the KV cache it set up, to set up again after a loss
-        self._steps: asyncio.Queue[bytes] = asyncio.Queue()
+        self._steps: asyncio.Queue[bytes | None] = asyncio.Queue()  # None ends the stream's steps
         self._results = None
 
     @property
@@ -53,7 +53,9 @@ class WorkerClient:
         return num_blocks
 
     def abandon(self) -> None:
-        """Cancels the Execute stream, if one is open."""
+        """Cancels the Execute stream, if one is open, and ends its steps' iterator (which gRPC would leave waiting
+        for good when the stream ended on its own)."""
+        self._steps.put_nowait(None)
         if self._results is not None:
             self._results.cancel()
 
@@ -71,8 +73,8 @@ class WorkerClient:
 
     @staticmethod
     async def _outgoing(steps: asyncio.Queue):
-        while True:
-            yield await steps.get()
+        while (step := await steps.get()) is not None:
+            yield step
 
     def send(self, step: bytes) -> None:
         """step: a serialised StepRequest."""
@@ -101,4 +103,5 @@ class WorkerClient:
             raise Unavailable(f"worker {self.address}: {error.details()}") from error
 
     async def close(self) -> None:
+        self.abandon()
         await self.channel.close()
