@@ -43,6 +43,9 @@ class WorkerConfig:
                                             "--device cuda, rank r runs on cuda:r (cuda:K: on cuda:K+r)")
     rank: int = 0  # this worker's tensor-parallel rank
     dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
+    enable_expert_parallel: bool = option(False, help="a mixture of experts' whole experts spread over the "
+                                                       "tensor-parallel ranks, instead of every expert's "
+                                                       "intermediate columns")
     dist_timeout: float = option(60.0, help="seconds a rank waits in a collective for the others before it fails")
     draft_model: str = option("", help="with --speculative-method draft: a smaller model of the same vocabulary "
                                        "that proposes tokens beside the target (a folder or .gguf file, or a shape "

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import psutil
@@ -16,45 +15,23 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from sluice.v1 import generation_pb2 as pb
 from sluice.worker.loading.dummy_weights import random_state_dict
-from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.worker.test_model_families import _TINY, FAMILIES
 
 pytestmark = pytest.mark.slow
 
-MAX_NEW_TOKENS = 12
 SCHEDULER_SERVICE = "sluice.v1.Scheduler"
-SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
-SAMPLES_OVER_THE_POOL, FORKED_TOKENS = 4, 24  # forked together, each growing into a third block: 9 blocks
 _PREFIX = "Here is a short list of facts about the planets of the solar system, one per line:\n"
 TEXTS = [f"{_PREFIX}{topic}" for topic in ("Mars", "Venus", "Jupiter", "Saturn", "Mercury", "Neptune", "Uranus",
                                            "Earth")]
 
 
-def _request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sampling) -> pb.GenerateRequest:
-    return pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt_ids),
-                              sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling))
-
-
-def _assert_matches_alone_and_together(services, hf, prompts: list[list[int]]) -> None:
-    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in prompts]
-    assert services.client.generate(_request(prompts[0])).token_ids == expected[0]
-    samples = services.client.generate_samples(_request(prompts[0], FORKED_TOKENS, n=SAMPLES_OVER_THE_POOL))
-    assert [sample.token_ids for sample in samples] == [hf_greedy(hf, prompts[0], FORKED_TOKENS)] * len(samples)
-    assert services.load().num_preemptions > 0
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(lambda prompt: services.client.generate(_request(prompt)), prompts))
-    assert [result.token_ids for result in results] == expected
-    load = services.load()
-    assert load.prefix_cache_hit_rate > 0 and load.num_free_blocks == load.num_total_blocks
-
-
 def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_model, hf_tokenizer):
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
     with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
-        _assert_matches_alone_and_together(services, hf_model, prompts)
+        assert_matches_alone_and_together(services, hf_model, prompts)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +57,7 @@ def _qwen3_matches_hf_at_tp2(folder, worker_args: list[str] = ()) -> None:
     prompts = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
     with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
                           tensor_parallel_size=2) as services:
-        _assert_matches_alone_and_together(services, hf, prompts)
+        assert_matches_alone_and_together(services, hf, prompts)
 
 
 def test_qwen3_shape_at_tp2_matches_hf(tiny_qwen3):
@@ -95,12 +72,12 @@ def test_qwen3_shape_at_tp2_on_two_gpus_matches_hf(tiny_qwen3):
 
 
 def _stream(services, started: threading.Semaphore, codes: list) -> None:
-    stream_to_its_end(services.client, _request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes)
+    stream_to_its_end(services.client, token_request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes)
 
 
 def test_losing_a_rank_ends_the_streams_and_the_restarted_ranks_serve(tiny_qwen3):
     with running_services(tiny_qwen3, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
-        short = _request([1, 2, 3])
+        short = token_request([1, 2, 3])
         expected = services.client.generate(short).token_ids
         num_blocks = services.load().num_total_blocks
         started, codes = threading.Semaphore(0), []

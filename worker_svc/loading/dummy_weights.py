@@ -3,17 +3,17 @@ import torch
 
 from sluice.worker.loading.shapes import shape_config
 from sluice.worker.models.config import ModelConfig
-from sluice.worker.models.registry import traits_for
+from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 
 INIT_STD = 0.02
 
 
 def dummy_checkpoint(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, rank: int = 0,
-                     world_size: int = 1) -> tuple[dict, dict[str, torch.Tensor]]:
+                     world_size: int = 1, expert_parallel: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
     """(hf_config, hf_state_dict) of random weights of a named shape: tensor-parallel rank `rank`'s shards of them."""
     hf_config = shape_config(shape)
-    layout = ShardLayout(ModelConfig.from_hf(hf_config), rank, world_size)
+    layout = ShardLayout(ModelConfig.from_hf(hf_config), rank, world_size, expert_parallel)
     return hf_config, random_state_dict(hf_config, dtype, device, seed, layout)
 
 
@@ -24,12 +24,13 @@ def random_state_dict(hf_config: dict, dtype: torch.dtype, device: torch.device,
     generator = torch.Generator(device=device).manual_seed(seed)
     config = ModelConfig.from_hf(hf_config)
     layout = layout or ShardLayout(config)
-    return {
-        name: layout.shard(name, torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight")
-                           else torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD,
-                                                                                      generator=generator))
-        for name, size in _hf_parameter_shapes(config).items()
-    }
+    state = {}
+    for name, size in _hf_parameter_shapes(config).items():
+        tensor = torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight") else \
+            torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=generator)
+        if layout.holds(name):
+            state[name] = layout.shard(name, tensor)
+    return state
 
 
 def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -46,9 +47,7 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"{p}self_attn.k_proj.weight": (kv_size, hidden),
             f"{p}self_attn.v_proj.weight": (kv_size, hidden),
             f"{p}self_attn.o_proj.weight": (hidden, q_size),
-            f"{p}mlp.gate_proj.weight": (config.intermediate_size, hidden),
-            f"{p}mlp.up_proj.weight": (config.intermediate_size, hidden),
-            f"{p}mlp.down_proj.weight": (hidden, config.intermediate_size),
+            **(_moe_shapes(config, traits, p) if config.has_experts(layer) else _mlp_shapes(config, f"{p}mlp.")),
             f"{p}input_layernorm.weight": (hidden,),
             f"{p}post_attention_layernorm.weight": (hidden,),
         }
@@ -57,4 +56,25 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                        f"{p}self_attn.v_proj.bias": (kv_size,)}
         if traits.qk_norm:
             shapes |= {f"{p}self_attn.q_norm.weight": (head_dim,), f"{p}self_attn.k_norm.weight": (head_dim,)}
+        if traits.qk_projection_norm:
+            shapes |= {f"{p}self_attn.q_norm.weight": (q_size,), f"{p}self_attn.k_norm.weight": (kv_size,)}
+    return shapes
+
+
+def _mlp_shapes(config: ModelConfig, prefix: str, intermediate_size: int | None = None,
+                projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict:
+    hidden, intermediate = config.hidden_size, intermediate_size or config.intermediate_size
+    gate, up, down = projections
+    return {f"{prefix}{gate}.weight": (intermediate, hidden), f"{prefix}{up}.weight": (intermediate, hidden),
+            f"{prefix}{down}.weight": (hidden, intermediate)}
+
+
+def _moe_shapes(config: ModelConfig, traits: ArchitectureTraits, layer_prefix: str) -> dict:
+    moe, prefix = config.moe, f"{layer_prefix}{traits.expert_prefix}."
+    shapes = {f"{prefix}gate.weight": (moe.num_experts, config.hidden_size)}
+    for expert in range(moe.num_experts):
+        shapes |= _mlp_shapes(config, f"{prefix}experts.{expert}.", moe.intermediate_size, traits.expert_projections)
+    if moe.shared_expert_intermediate_size:
+        shapes |= _mlp_shapes(config, f"{prefix}shared_expert.", moe.shared_expert_intermediate_size)
+        shapes[f"{prefix}shared_expert_gate.weight"] = (1, config.hidden_size)
     return shapes

@@ -56,11 +56,13 @@ class ModelLoader:
         weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections of an unquantized checkpoint,
         each row with its own scale; a pre-quantized checkpoint's projections stay as it stores them.
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
+        if model_config.moe is not None and "fp8" in (self.config.quantization, model_config.quantization):
+            raise ValueError(f"FP8 experts are not implemented yet: serve {model_config.architecture} unquantized")
         if self.config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)
         layout = ShardLayout(model_config) if self.group is None else \
-            ShardLayout(model_config, self.group.rank, self.group.world_size)
+            ShardLayout(model_config, self.group.rank, self.group.world_size, self.config.enable_expert_parallel)
         ops = _operators(self.config, model_config)
         loaded = LoadedModel(model_config, layout.local_config(), ops,
                              self._build_model(model_config, state, ops, layout))
@@ -75,10 +77,10 @@ class ModelLoader:
         load_format "dummy", else read from a checkpoint."""
         if load_format == "dummy":
             hf_config, hf_state = dummy_checkpoint(model, self.config.torch_dtype, self.device, self.config.seed,
-                                                   rank, world_size)
+                                                   rank, world_size, self.config.enable_expert_parallel)
             model_config = ModelConfig.from_hf(hf_config)
             return model_config, to_worker_layout(hf_state, model_config)
-        return load_checkpoint(Path(model), rank, world_size)
+        return load_checkpoint(Path(model), rank, world_size, self.config.enable_expert_parallel)
 
     def _build_model(self, model_config: ModelConfig, state: dict[str, torch.Tensor], ops: TorchOps,
                      layout: ShardLayout | None = None) -> DecoderLM:
@@ -95,9 +97,9 @@ class ModelLoader:
         return model.eval()
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor on the device, in the model dtype unless it is an FP8 weight or a float32 scale (a weight's,
-        or the KV cache's)."""
-        if tensor.dtype == FP8 or name.endswith("_scale"):
+        """The tensor on the device, in the model dtype unless it is an FP8 weight, a float32 scale (a weight's, or
+        the KV cache's) or integers (an expert map)."""
+        if tensor.dtype == FP8 or name.endswith("_scale") or not tensor.is_floating_point():
             return tensor.to(self.device)
         return tensor.to(self.device, self.config.torch_dtype)
 

@@ -54,6 +54,34 @@ SHAPES: dict[str, dict] = {
         "head_dim": 128, "vocab_size": 32768, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
     },
+    "Qwen3-30B-A3B": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
+        "eos_token_id": 151645, **_QWEN_ROPE, "tie_word_embeddings": False,
+    },
+    "Qwen1.5-MoE-A2.7B": {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+        "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+        "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
+        "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False, "decoder_sparse_step": 1,
+        "max_position_embeddings": 8192, "eos_token_id": 151643, **_QWEN_ROPE, "tie_word_embeddings": False,
+    },
+    "Mixtral-8x7B": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "eos_token_id": 2,
+    },
+    "OLMoE-1B-7B": {
+        "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024,
+        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
+        "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 50304,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "eos_token_id": 50279,
+    },
 }
 
 

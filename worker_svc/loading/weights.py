@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from sluice.worker.loading.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
-                                                 weight_block_size)
+                                                  weight_block_size)
 from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channel_scales
 from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import ShardLayout, pad_shard
 
 log = logging.getLogger("sluice.worker")
@@ -22,14 +23,16 @@ _FUSED = {
 }
 
 
-def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1,
+                    expert_parallel: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The whole model's config, and the weights of tensor-parallel rank `rank` of world_size (see shard_layout)."""
     if path.suffix == ".gguf":
         return _load_gguf(path, rank, world_size)
-    return _load_hf_folder(path, rank, world_size)
+    return _load_hf_folder(path, rank, world_size, expert_parallel)
 
 
-def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_hf_folder(folder: Path, rank: int, world_size: int,
+                    expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
     again per channel). A quantization_config the worker cannot load fails here, before any weight is read
     (fp8_checkpoint.py)."""
@@ -39,7 +42,7 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConf
     hf_config["quantization_config"] = quantization_config(folder, hf_config)
     config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config),
                                  activation_absmax_bound=activation_absmax_bound(hf_config))
-    layout = ShardLayout(config, rank, world_size)
+    layout = ShardLayout(config, rank, world_size, expert_parallel)
     files = sorted(folder.glob("*.safetensors"))
     block = weight_block_size(hf_config)
     block_scales = _block_scales(files) if block else {}
@@ -56,6 +59,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int) -> tuple[ModelConf
                     weight, scale = per_channel_from_blocks(file.get_tensor(name), block_scales[name], block)
                     state[name] = layout.shard(name, weight)
                     state[f"{name}_scale"] = layout.shard(f"{name}_scale", scale)
+                    continue
+                if not layout.holds(name):
                     continue
                 part, piece = file.get_slice(name), layout.slice_of(name)
                 if piece is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
@@ -97,7 +102,11 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
     state = {name.removeprefix("model."): tensor for name, tensor in per_channel_scales(hf_state).items()}
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}."
+        if config.has_experts(layer):
+            stack_experts(state, prefix, traits_for(config.architecture), config.moe.num_experts)
         for fused, parts in _FUSED.items():
+            if f"{prefix}{parts[0]}.weight" not in state:  # an MoE layer has no dense MLP
+                continue
             _check_one_precision(state, prefix, parts)
             for kind in ("weight", "weight_scale", "bias"):
                 names = [f"{prefix}{part}.{kind}" for part in parts]
@@ -106,6 +115,29 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     return state
+
+
+def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: ArchitectureTraits, num_experts: int) -> None:
+    """In place: the layer's experts (those the state holds, in order) stacked into mlp.experts.w13 and w2, where
+    the rank holds some only the map of their local indices (mlp.expert_map), and its router and shared expert named
+    as the worker's modules (mlp.gate, mlp.shared_expert.gate_up_proj, ...)."""
+    moe = f"{prefix}{traits.expert_prefix}."
+    gate, up, down = traits.expert_projections
+    held = sorted({int(name[len(moe) + len("experts."):].split(".")[0]) for name in state
+                   if name.startswith(f"{moe}experts.")})
+    expert = [f"{moe}experts.{e}." for e in held]
+    state[f"{prefix}mlp.experts.w13"] = torch.stack(
+        [torch.cat([state.pop(f"{e}{gate}.weight"), state.pop(f"{e}{up}.weight")]) for e in expert])
+    state[f"{prefix}mlp.experts.w2"] = torch.stack([state.pop(f"{e}{down}.weight") for e in expert])
+    state[f"{prefix}mlp.gate.weight"] = state.pop(f"{moe}gate.weight")
+    if len(held) < num_experts:
+        expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
+        expert_map[held] = torch.arange(len(held), dtype=torch.int32)
+        state[f"{prefix}mlp.expert_map"] = expert_map
+    shared = f"{prefix}mlp.shared_expert."
+    if f"{shared}gate_proj.weight" in state:
+        state[f"{shared}gate_up_proj.weight"] = torch.cat([state.pop(f"{shared}gate_proj.weight"),
+                                                           state.pop(f"{shared}up_proj.weight")])
 
 
 def _check_one_precision(state: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> None:

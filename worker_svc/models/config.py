@@ -1,5 +1,8 @@
-"""ModelConfig: the shape of a Llama-family decoder, read from a Hugging Face config.json."""
+"""ModelConfig: the shape of a Llama-family decoder (dense or with mixture-of-experts layers), read from a Hugging Face
+config.json."""
 from dataclasses import dataclass
+
+from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
 
 
 @dataclass(slots=True, frozen=True)
@@ -22,6 +25,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py)
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
+    moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -47,4 +51,8 @@ class ModelConfig:
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            moe=moe_config_from_hf(hf),
         )
+
+    def has_experts(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.sparse_layers

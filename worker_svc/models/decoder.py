@@ -1,4 +1,5 @@
-"""One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+"""One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and the mixtures of
+experts Qwen2-MoE, Qwen3-MoE, Mixtral and OLMoE) over a paged KV cache.
 
 Tokens of all sequences in a step are flattened into one batch: [num_tokens, hidden]. Operators come from an injected
 `ops` object (plain torch on the CPU, Triton kernels on a GPU), so the same module code serves both paths.
@@ -7,30 +8,11 @@ import torch
 from torch import nn
 
 from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.layers import MLP, RMSNorm, linear_layer
+from sluice.worker.models.moe import SparseMoeBlock
 from sluice.worker.models.registry import ArchitectureTraits
 from sluice.worker.ops.attention_metadata import AttentionMetadata
-from sluice.worker.ops.fp8 import FP8, Fp8Linear
-
-
-def linear_layer(config: ModelConfig, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
-    """A decoder layer's projection: FP8 weights when the model is quantized, else the model dtype's."""
-    if config.quantization == "fp8":
-        return Fp8Linear(in_features, out_features, bias)
-    return nn.Linear(in_features, out_features, bias=bias)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, ops):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-        self.ops = ops
-
-    def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module, gated: bool = False,
-                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(norm(x + residual)), x + residual): the norm with the projection that reads it (residual None: x
-        alone); `gated` applies the MLP's silu(gate) * up to the projection."""
-        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear, gated, out_dtype)
+from sluice.worker.ops.fp8 import FP8
 
 
 class Attention(nn.Module):
@@ -41,9 +23,13 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = linear_layer(config, config.hidden_size, self.q_size + 2 * self.kv_size, traits.qkv_bias)
         self.o_proj = linear_layer(config, self.q_size, config.hidden_size)
-        # the per-head q/k norms' weights, applied inside ops.prepare_qkv (modules for the checkpoint names)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
+        # the per-head q/k norms' weights, applied inside ops.prepare_qkv (modules for the checkpoint names), or the
+        # norms of the whole q and k projections, applied before it
+        self.per_head_norms = traits.qk_norm
+        norm_sizes = (self.head_dim, self.head_dim) if traits.qk_norm else (self.q_size, self.kv_size)
+        has_norms = traits.qk_norm or traits.qk_projection_norm
+        self.q_norm, self.k_norm = (RMSNorm(size, config.rms_norm_eps, ops) if has_norms else None
+                                    for size in norm_sizes)
         self.scale = self.head_dim**-0.5
         # float32 scalars an FP8 KV cache's keys and values are stored divided by (loading/kv_scales.py)
         self.register_buffer("k_scale", torch.ones(()))
@@ -53,9 +39,14 @@ class Attention(nn.Module):
     @property
     def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
         """(q norm weight, k norm weight, eps) as prepare_qkv takes them: (None, None, 0.0) without per-head norms."""
-        return (None, None, 0.0) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        if not self.per_head_norms:
+            return None, None, 0.0
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
     def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
+        if self.q_norm is not None and not self.per_head_norms:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            qkv = torch.cat([self._projection_norm(q, self.q_norm), self._projection_norm(k, self.k_norm), v], -1)
         # qkv: qkv_proj's output, split into q, k and v heads
         qkv = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         key_cache, value_cache = kv_cache
@@ -66,22 +57,13 @@ class Attention(nn.Module):
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
-
-class MLP(nn.Module):
-    """The gated MLP's weights; the post-attention norm applies gate_up_proj and the gate (RMSNorm.project)."""
-
-    def __init__(self, config: ModelConfig, ops):
-        super().__init__()
-        self.gate_up_proj = linear_layer(config, config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = linear_layer(config, config.intermediate_size, config.hidden_size)
-        self.ops = ops
-
-    def down(self, gated: torch.Tensor) -> torch.Tensor:
-        return self.ops.linear(gated, self.down_proj)
+    def _projection_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """The RMSNorm of a whole q or k projection: all of its heads."""
+        return self.ops.rms_norm(x, norm.weight, norm.eps)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, self_attn: Attention, mlp: MLP, ops):
+    def __init__(self, config: ModelConfig, self_attn: Attention, mlp: nn.Module, ops):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = self_attn
@@ -92,8 +74,7 @@ class DecoderLayer(nn.Module):
         # x: the previous layer's output; residual: the stream it adds to (None before the first layer)
         qkv, residual = self.input_layernorm.project(x, residual, self.self_attn.qkv_proj)
         x = self.self_attn(qkv, positions, cos_sin_cache, kv_cache, meta)
-        gated, residual = self.post_attention_layernorm.project(x, residual, self.mlp.gate_up_proj, gated=True)
-        return self.mlp.down(gated), residual
+        return self.mlp(self.post_attention_layernorm, x, residual)
 
 
 class DecoderLM(nn.Module):
@@ -104,8 +85,9 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = self._embedding(config)
-        self.layers = nn.ModuleList(DecoderLayer(config, self._attention(config, traits, ops), self._mlp(config, ops),
-                                                 ops) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, self._attention(config, traits, ops),
+                                                 self._mlp(config, layer, ops), ops)
+                                    for layer in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -136,5 +118,6 @@ class DecoderLM(nn.Module):
     def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
         return Attention(config, traits, ops)
 
-    def _mlp(self, config: ModelConfig, ops) -> MLP:
-        return MLP(config, ops)
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        """The layer's MLP: its mixture of experts in an MoE layer."""
+        return SparseMoeBlock(config, ops) if config.has_experts(layer) else MLP(config, ops)

@@ -1,4 +1,5 @@
-"""The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits)."""
+"""The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits); the mixtures of
+experts among them also say how their MoE layers are shaped (moe_config.py)."""
 from dataclasses import dataclass
 
 
@@ -7,7 +8,10 @@ class ArchitectureTraits:
     """What sets one Llama-family architecture apart from plain Llama."""
 
     qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3)
+    qk_projection_norm: bool = False  # RMSNorm of the whole q and k projections, across the heads (OLMoE)
+    expert_prefix: str = "mlp"  # where a checkpoint's MoE layer is: its router `gate` and its `experts`
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's, as named there
 
 
 ARCHITECTURES: dict[str, ArchitectureTraits] = {
@@ -15,6 +19,10 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "MistralForCausalLM": ArchitectureTraits(),
     "Qwen2ForCausalLM": ArchitectureTraits(qkv_bias=True),
     "Qwen3ForCausalLM": ArchitectureTraits(qk_norm=True),
+    "Qwen2MoeForCausalLM": ArchitectureTraits(qkv_bias=True),
+    "Qwen3MoeForCausalLM": ArchitectureTraits(qk_norm=True),
+    "MixtralForCausalLM": ArchitectureTraits(expert_prefix="block_sparse_moe", expert_projections=("w1", "w3", "w2")),
+    "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
 }
 
 

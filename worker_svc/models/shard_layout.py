@@ -3,20 +3,26 @@
 Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head
 by vocabulary. Row-parallel (input columns split): o by q heads, down by the intermediate size. An FP8 weight's
 scale, one per output row, is split with a column-parallel weight's rows and kept whole with a row-parallel one.
-Norms are replicated (q/k norms are per head_dim, so every rank's heads share them). With fewer KV heads than ranks,
-each KV head is replicated on the ranks whose q heads read it.
+Norms are replicated (q/k norms are per head_dim, so every rank's heads share them), but for norms of a whole q or k
+projection, split with its heads. With fewer KV heads than ranks, each KV head is replicated on the ranks whose q heads
+read it. A mixture of experts splits every expert's intermediate size as the MLP's, or under expert parallelism
+places whole experts on the ranks; the router is replicated, a shared expert split as the MLP.
 """
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
 
 from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.registry import traits_for
 
 _Q_ROWS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias")
 _KV_ROWS = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")
 _INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
+_SHARED_EXPERT_ROWS = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +38,7 @@ class ShardLayout:
     config: ModelConfig  # the whole model's
     rank: int = 0
     world_size: int = 1
+    expert_parallel: bool = False  # whole experts on each rank, instead of every expert's intermediate columns
 
     def __post_init__(self):
         heads, kv_heads, size = self.config.num_heads, self.config.num_kv_heads, self.world_size
@@ -40,6 +47,14 @@ class ShardLayout:
         if kv_heads % size and size % kv_heads:
             raise ValueError(f"tensor_parallel_size {size} neither divides nor is a multiple of the {kv_heads} KV "
                              "heads")
+        if self.expert_parallel and self.config.moe is None:
+            raise ValueError(f"expert parallelism needs a mixture of experts, not {self.config.architecture}")
+        if self.expert_parallel and self.config.moe.num_experts % size:
+            raise ValueError(f"tensor_parallel_size {size} does not divide the {self.config.moe.num_experts} "
+                             "experts for expert parallelism")
+        if traits_for(self.config.architecture).qk_projection_norm and kv_heads % size:
+            raise ValueError(f"the q/k norms of {self.config.architecture} span all heads: tensor_parallel_size "
+                             f"{size} must divide the {kv_heads} KV heads")
 
     @property
     def q_heads(self) -> range:
@@ -54,8 +69,26 @@ class ShardLayout:
 
     @property
     def intermediate(self) -> range:
-        size = self.config.intermediate_size
-        return range(self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size)
+        return _split(self.config.intermediate_size, self.rank, self.world_size)
+
+    @property
+    def experts(self) -> range:
+        """The experts whose weights the rank holds: all, but for expert parallelism."""
+        num_experts = self.config.moe.num_experts
+        if not self.expert_parallel:
+            return range(num_experts)
+        per_rank = num_experts // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    @property
+    def expert_intermediate(self) -> range:
+        """Each held expert's intermediate columns: all of them under expert parallelism."""
+        return _split(self.config.moe.intermediate_size, 0 if self.expert_parallel else self.rank,
+                      1 if self.expert_parallel else self.world_size)
+
+    @property
+    def shared_expert_intermediate(self) -> range:
+        return _split(self.config.moe.shared_expert_intermediate_size, self.rank, self.world_size)
 
     @property
     def vocab_per_rank(self) -> int:
@@ -68,8 +101,17 @@ class ShardLayout:
 
     def local_config(self) -> ModelConfig:
         """The shape of the rank's part of the model (the whole model at world size 1)."""
+        moe = self.config.moe
+        if moe is not None:
+            moe = dataclasses.replace(moe, intermediate_size=len(self.expert_intermediate),
+                                      shared_expert_intermediate_size=len(self.shared_expert_intermediate))
         return dataclasses.replace(self.config, num_heads=len(self.q_heads), num_kv_heads=len(self.kv_heads),
-                                   intermediate_size=len(self.intermediate), vocab_size=self.vocab_per_rank)
+                                   intermediate_size=len(self.intermediate), vocab_size=self.vocab_per_rank, moe=moe)
+
+    def holds(self, name: str) -> bool:
+        """Whether the rank holds any of a Hugging Face-named weight (under expert parallelism, only its experts')."""
+        expert = _EXPERT.search(name)
+        return expert is None or int(expert.group(1)) in self.experts
 
     def slice_of(self, name: str) -> ShardSlice | None:
         """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
@@ -79,6 +121,17 @@ class ShardLayout:
             rows = self.slice_of(name.removesuffix("_scale"))
             return rows if rows is not None and rows.dim == 0 else None
         head_dim = self.config.head_dim
+        expert = _EXPERT.search(name)
+        if expert is not None:
+            return self._expert_slice(expert.group(2))
+        if name.endswith(_SHARED_EXPERT_ROWS):
+            return _rows(self.shared_expert_intermediate)
+        if name.endswith("shared_expert.down_proj.weight"):
+            return _columns(self.shared_expert_intermediate)
+        if traits_for(self.config.architecture).qk_projection_norm and name.endswith("self_attn.q_norm.weight"):
+            return _rows(self.q_heads, head_dim)
+        if traits_for(self.config.architecture).qk_projection_norm and name.endswith("self_attn.k_norm.weight"):
+            return _rows(self.kv_heads, head_dim)
         if name.endswith(_Q_ROWS):
             return _rows(self.q_heads, head_dim)
         if name.endswith(_KV_ROWS):
@@ -93,12 +146,23 @@ class ShardLayout:
             return ShardSlice(0, self.vocab.start, self.vocab.stop, self.vocab_per_rank)
         return None
 
+    def _expert_slice(self, projection: str) -> ShardSlice | None:
+        """An expert's gate and up rows, or its down columns, of the rank's intermediate columns."""
+        if self.expert_parallel:
+            return None
+        down = traits_for(self.config.architecture).expert_projections[2]
+        return _columns(self.expert_intermediate) if projection == down else _rows(self.expert_intermediate)
+
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rank's part of a whole weight, as its own tensor."""
         piece = self.slice_of(name)
         if piece is None:
             return tensor
         return pad_shard(tensor.narrow(piece.dim, piece.start, piece.stop - piece.start).clone(), piece)
+
+
+def _split(size: int, rank: int, world_size: int) -> range:
+    return range(rank * size // world_size, (rank + 1) * size // world_size)
 
 
 def pad_shard(tensor: torch.Tensor, piece: ShardSlice) -> torch.Tensor:

@@ -6,7 +6,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.worker.models.config import ModelConfig
-from sluice.worker.models.decoder import MLP, Attention, DecoderLM
+from sluice.worker.models.decoder import Attention, DecoderLM
+from sluice.worker.models.layers import MLP, RMSNorm
+from sluice.worker.models.moe import SparseMoeBlock
 from sluice.worker.models.registry import ArchitectureTraits
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.parallel.group import TensorParallelGroup
@@ -29,7 +31,8 @@ class VocabParallelEmbedding(nn.Embedding):
 
 
 class RowParallelAttention(Attention):
-    """The rank's q and KV heads; o_proj reads the rank's heads only, so its partial outputs are summed."""
+    """The rank's q and KV heads; o_proj reads the rank's heads only, so its partial outputs are summed. A norm of
+    the whole q or k projection sums its squares over the ranks."""
 
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, group: TensorParallelGroup):
         super().__init__(config, traits, ops)
@@ -37,6 +40,11 @@ class RowParallelAttention(Attention):
 
     def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta):
         return self.group.all_reduce(super().forward(qkv, positions, cos_sin_cache, kv_cache, meta))
+
+    def _projection_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        x32 = x.float()
+        mean_square = self.group.all_reduce(x32.pow(2).sum(-1, keepdim=True)) / (x.shape[-1] * self.group.world_size)
+        return norm.weight * (x32 * torch.rsqrt(mean_square + norm.eps)).to(x.dtype)
 
 
 class RowParallelMLP(MLP):
@@ -48,6 +56,18 @@ class RowParallelMLP(MLP):
 
     def down(self, gated: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(super().down(gated))
+
+
+class RowParallelMoeBlock(SparseMoeBlock):
+    """The rank's experts, or its columns of every expert's intermediate size, and of the shared expert's: the
+    partial outputs are summed."""
+
+    def __init__(self, config: ModelConfig, ops, experts: range, group: TensorParallelGroup):
+        super().__init__(config, ops, experts)
+        self.group = group
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(out)
 
 
 class TensorParallelDecoderLM(DecoderLM):
@@ -69,5 +89,7 @@ class TensorParallelDecoderLM(DecoderLM):
     def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
         return RowParallelAttention(config, traits, ops, self.group)
 
-    def _mlp(self, config: ModelConfig, ops) -> MLP:
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        if config.has_experts(layer):
+            return RowParallelMoeBlock(config, ops, self.layout.experts, self.group)
         return RowParallelMLP(config, ops, self.group)

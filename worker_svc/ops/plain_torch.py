@@ -69,6 +69,31 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
+    def route_tokens(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top_k experts by softmax probability: float32 weights [num_tokens, top_k] (divided by their
+        sum where renormalize) and int32 expert ids."""
+        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float)
+        weights, expert_ids = torch.topk(probs, top_k, dim=-1)
+        if renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return weights, expert_ids.to(torch.int32)
+
+    @staticmethod
+    def fused_experts(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, w13: torch.Tensor,
+                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+        """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e (w13[i] and w2[i], i its local
+        index: expert_map[e], or e without a map) computes down(silu(gate(x)) * up(x)); a pair whose expert maps to -1
+        (another rank holds it) adds nothing. Expert by expert, as transformers computes it."""
+        out = torch.zeros_like(x)
+        local = expert_ids.long() if expert_map is None else expert_map[expert_ids.long()].long()
+        weights = weights.to(x.dtype)
+        for expert in torch.unique(local[local >= 0]).tolist():
+            token, slot = torch.where(local == expert)
+            gate, up = F.linear(x[token], w13[expert]).chunk(2, dim=-1)
+            out.index_add_(0, token, F.linear(F.silu(gate) * up, w2[expert]) * weights[token, slot, None])
+        return out
+
+    @staticmethod
     def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,
                            block_size: int) -> None:
         """In place: one token per row at its next position (a padding row: position 0, slot -1, one token of
