@@ -1,5 +1,7 @@
 """The fused MoE kernels (routing, align, grouped GEMMs) against their plain-torch references, and TritonOps' MoE
 operators on them. Shapes stay small for the interpreter; H and I are no powers of two where the kernels mask."""
+import json
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_si
                             moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_launch_config, topk_softmax,
                             topk_softmax_ref)
 from sluice.worker.ops.triton_kernels import TritonOps
+from tests.scripts import ROOT, load_script
 
 # bf16: the reference adds the experts' outputs in bf16, the kernel in fp32; the interpreter truncates each rounding
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
@@ -215,6 +218,17 @@ def test_triton_ops_route_and_run_the_experts(device):
     expert_map = torch.arange(num_experts, dtype=torch.int32, device=device) - 4  # experts 0-3 remote
     torch.testing.assert_close(ops.fused_experts(x, weights, ids, w13[4:], w2[4:], expert_map),
                                fused_experts_ref(x, weights, ids, w13[4:], w2[4:], expert_map), **TOL[torch.bfloat16])
+
+
+# -- the benchmark
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--tiny is the interpreter's shape")
+def test_benchmark_runs_its_tiny_shape(tmp_path):
+    """benchmarks/fused_moe.py end to end on the CPU: its check against the reference passes."""
+    benchmark = load_script(ROOT / "benchmarks" / "fused_moe.py")
+    assert benchmark.main([str(tmp_path / "moe.json"), "--tiny"]) == 0
+    rows = json.loads((tmp_path / "moe.json").read_text())["layer"]
+    assert [row["tokens"] for row in rows] == [1, 5] and all(row["ok"] for row in rows)
 
 
 # -- realistic shapes
