@@ -3,6 +3,10 @@ The sampling kernels (seeded_uniform, candidate_draw, weighted_draw, threshold_s
 their modules' names) compute exactly what the worker's torch sampling path computes on the CPU, which their tests
 hold them to.
 
+The mixture-of-experts layer: topk_softmax routes the tokens, moe_align_block_size sorts the (token, expert) pairs
+into per-expert blocks, and the grouped GEMMs moe_gate_up and moe_down run every expert in one launch each;
+fused_experts composes the last three.
+
 In place: reshape_and_cache, rotary_embedding, decode_step_inputs, and prepare_qkv's cache write. Everything
 else returns new tensors.
 """
@@ -10,6 +14,10 @@ from sluice.kernels.activation import silu_and_mul, silu_and_mul_fp8, silu_and_m
 from sluice.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from sluice.kernels.decode_inputs import decode_step_inputs, decode_step_inputs_ref
 from sluice.kernels.fused_linear import fused_linear, fused_linear_ref
+from sluice.kernels.fused_moe import (fused_experts, fused_experts_ref, moe_down, moe_down_ref, moe_gate_up,
+                                      moe_gate_up_ref, moe_launch_config)
+from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, moe_align_block_size_ref
+from sluice.kernels.moe_routing import topk_softmax, topk_softmax_ref
 from sluice.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from sluice.kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
 from sluice.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
@@ -17,12 +25,22 @@ from sluice.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, 
 from sluice.kernels.rotary_embedding import rotary_embedding, rotary_embedding_ref
 
 __all__ = [
+    "ExpertBlocks",
     "decode_step_inputs",
     "decode_step_inputs_ref",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",
+    "fused_experts",
+    "fused_experts_ref",
     "fused_linear",
     "fused_linear_ref",
+    "moe_align_block_size",
+    "moe_align_block_size_ref",
+    "moe_down",
+    "moe_down_ref",
+    "moe_gate_up",
+    "moe_gate_up_ref",
+    "moe_launch_config",
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_prefill_attention",
@@ -39,4 +57,6 @@ __all__ = [
     "silu_and_mul",
     "silu_and_mul_fp8",
     "silu_and_mul_ref",
+    "topk_softmax",
+    "topk_softmax_ref",
 ]

@@ -97,6 +97,17 @@ class TritonOps(TorchOps):
         kernels.decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens, block_size,
                                    pdl=self.pdl)
 
+    def route_tokens(self, router_logits: torch.Tensor, top_k: int,
+                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights float32 [T, k], topk_ids int32 [T, k]): softmax, top-k and renormalization in one kernel."""
+        return kernels.topk_softmax(router_logits, top_k, renormalize, pdl=self.pdl)
+
+    def fused_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' weighted sum [T, H]: the pairs sorted into per-expert blocks, then the gate/up GEMM
+        (SiLU-and-mul fused) and the down GEMM (routing weight fused), one launch each for all experts."""
+        return kernels.fused_experts(x, topk_weights, topk_ids, w13, w2, expert_map, pdl=self.pdl)
+
     def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None) -> torch.Tensor:
         if meta.is_pure_decode:

@@ -1,0 +1,322 @@
+"""The fused mixture-of-experts layer (vLLM's fused_moe): every routed (token, expert) pair of a step in two grouped
+GEMM launches, whatever the number of experts.
+
+1. kernels.moe_align sorts the pairs by local expert into blocks of BLOCK_M rows, each block one expert's.
+2. moe_gate_up: one launch over (block, column tile); a program multiplies its block's token rows by its expert's
+   gate and up rows (w13 [E, 2I, H]) and stores silu(gate) * up: h [pairs, I], by pair.
+3. moe_down: one launch the same way over w2 [E, H, I]; the epilogue multiplies each row by its routing weight:
+   y [pairs, H], by pair.
+4. out = y viewed as [tokens, top_k, H], summed over the top k (one torch reduction, float32 accumulation).
+Padding rows of a block (the sentinel) load zeros and store nothing; programs past the blocks in use return at once,
+so the grid depends only on the number of pairs and CUDA graphs replay it. Pairs whose expert lives on another rank
+are in no block: their y rows are zeros.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from sluice.kernels.activation import silu_and_mul_ref
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size
+
+MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _tile_of(pid, num_blocks, num_col_tiles, GROUP_M: tl.constexpr):
+    """(block, column tile) of program pid: GROUP_M blocks sweep each column tile together, so their shared weight
+    tile stays in L2 (blocks of one expert sit next to each other)."""
+    per_group = GROUP_M * num_col_tiles
+    first = pid // per_group * GROUP_M
+    size = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def _expert_product(a_rows, row_mask, w_cols, up_offset, K, stride_wk,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+                    EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] = A[rows, :K] @ W[cols, :K].T in float32 (and acc_up for the rows up_offset further
+    on in W, when GATED). a_rows: [BLOCK_M, 1] row pointers (elements contiguous); w_cols: [1, BLOCK_N] pointers to
+    the weight rows; padding rows load zeros."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
+        w_tile = w_cols + ks[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
+        if EVEN_K:
+            w = tl.load(w_tile)
+        else:
+            w = tl.load(w_tile, mask=(ks < K)[:, None], other=0.0)
+        acc = tl.dot(a, w.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+        if GATED:
+            if EVEN_K:
+                w_up = tl.load(w_tile + up_offset)
+            else:
+                w_up = tl.load(w_tile + up_offset, mask=(ks < K)[:, None], other=0.0)
+            acc_up = tl.dot(a, w_up.to(DOT_DTYPE), acc_up, input_precision=DOT_PRECISION)
+    return acc, acc_up
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def _moe_gate_up_kernel(
+    x_ptr, w13_ptr, h_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
+    num_pairs, num_blocks, hidden, intermediate,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ht,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (block, column tile) computes h[pair, n] = silu(w13[e, n] . x[token]) * (w13[e, I + n] . x[token])
+    for the block's pairs (token = pair // TOP_K, e the block's expert) and BLOCK_N columns n of the intermediate.
+
+    One pass over the hidden dimension feeds two accumulators (gate and up tiles of the same columns), and the
+    SiLU-and-mul runs in the epilogue, rounding as the unfused model code does (each product to the model dtype,
+    silu in float32 and rounded, then the product rounded): the [pairs, 2I] projection never exists. Columns past
+    the intermediate size wrap around (loads need no mask) and are not stored.
+    """
+    wait_for_inputs(PDL)
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(intermediate, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_mask = pairs < num_pairs
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+    # -- gate and up products of the block's tokens
+    a_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt
+    w_cols = w13_ptr + expert * stride_we + (cols % intermediate).to(tl.int64)[None, :] * stride_wn
+    gate, up = _expert_product(a_rows, row_mask, w_cols, intermediate * stride_wn, hidden, stride_wk,
+                               BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, DOT_DTYPE, DOT_PRECISION)
+
+    # -- epilogue: silu(gate) * up
+    dtype = h_ptr.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    h = (act * up.to(dtype).to(tl.float32)).to(dtype)
+    h_ptrs = h_ptr + pairs.to(tl.int64)[:, None] * stride_ht + cols[None, :]
+    tl.store(h_ptrs, h, mask=row_mask[:, None] & (cols < intermediate)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def _moe_down_kernel(
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
+    num_pairs, num_blocks, hidden, intermediate,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_yt,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
+    block's pairs and BLOCK_N hidden columns n. The product is rounded to the model dtype before the routing
+    weight (itself rounded to the model dtype) multiplies it, as the model code does."""
+    wait_for_inputs(PDL)
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_mask = pairs < num_pairs
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+    # -- down products of the block's rows of h
+    a_rows = h_ptr + pairs.to(tl.int64)[:, None] * stride_ht
+    w_cols = w2_ptr + expert * stride_we + (cols % hidden).to(tl.int64)[None, :] * stride_wn
+    acc, _ = _expert_product(a_rows, row_mask, w_cols, 0, intermediate, stride_wk,
+                             BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, DOT_DTYPE, DOT_PRECISION)
+
+    # -- epilogue: times the routing weight
+    dtype = y_ptr.dtype.element_ty
+    weight = tl.load(topk_weights_ptr + pairs, mask=row_mask, other=0.0).to(dtype).to(tl.float32)
+    y = (acc.to(dtype).to(tl.float32) * weight[:, None]).to(dtype)
+    y_ptrs = y_ptr + pairs.to(tl.int64)[:, None] * stride_yt + cols[None, :]
+    tl.store(y_ptrs, y, mask=row_mask[:, None] & (cols < hidden)[None, :])
+
+
+def moe_launch_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int,
+                      dtype: torch.dtype, device: torch.device) -> dict:
+    """BLOCK_M (rows of a block, kernels.moe_align's block_m), BLOCK_N (columns of the gate_up projection's 2I
+    outputs, gate and up halves, and of the down projection's H), BLOCK_K, GROUP_M, num_warps, num_stages."""
+    if device.type != "cuda":  # NOTE: the interpreter pays per program: few, but small enough tiles to cross masks
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=1, num_stages=1)
+    # NOTE: not measured with these kernels yet. The table follows vLLM's tuned configs for Qwen3-30B-A3B's experts
+    # (E=128, N=768, bf16) on the H100 and the H200 (configs/E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json and
+    # ..._H200.json), which agree on the regime boundaries, keyed here by the expected rows per expert
+    # (tokens * top_k / experts) rather than by tokens, so models with few experts (Mixtral: 8, top-2) reach the
+    # large tiles at fewer tokens. Their BLOCK_N counts the 2I-wide gate_up output, as here. To retune on a GPU:
+    # `python benchmarks/fused_moe.py OUT.json --sweep`.
+    rows_per_expert = num_tokens * top_k / num_experts
+    if rows_per_expert < 2:  # decode: each expert's block has a row or two; the weights stream once
+        config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
+    elif rows_per_expert < 16:
+        config = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)
+    elif rows_per_expert < 32:
+        config = dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
+    elif rows_per_expert < 64:
+        config = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
+    else:  # prefill: tensor-core bound tiles
+        config = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    if dtype == torch.float32:  # NOTE: twice the shared memory per element: half the K slice (unmeasured)
+        config.update(BLOCK_K=config["BLOCK_K"] // 2, num_stages=2)
+    # a tile no larger than the shape needs (the gate_up tile's halves at least 16 columns, tl.dot's minimum)
+    config["BLOCK_N"] = max(32, min(config["BLOCK_N"], triton.next_power_of_2(2 * min(hidden, intermediate))))
+    config["BLOCK_K"] = max(16, min(config["BLOCK_K"], triton.next_power_of_2(min(hidden, intermediate))))
+    return config
+
+
+def _dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:
+    """NOTE: the interpreter runs tl.dot on bfloat16's raw bits (see kernels.paged_kv.dot_config), so off CUDA the
+    dots run in float32; on CUDA 16-bit operands go to the tensor cores as they are, float32 ones exactly."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return tl.float32, "ieee"
+    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "tf32"
+
+
+def _kernel_options(config: dict, k: int, dtype: torch.dtype, device: torch.device, pdl: bool) -> dict:
+    dot_dtype, precision = _dot_config(dtype, device)
+    return dict(BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"], EVEN_K=k % config["BLOCK_K"] == 0,
+                DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=config["num_warps"],
+                num_stages=config["num_stages"], **dependent_launch(device, pdl))
+
+
+def _check_blocks(blocks: ExpertBlocks, config: dict) -> None:
+    if blocks.block_m != config["BLOCK_M"]:
+        raise ValueError(f"blocks of {blocks.block_m} rows, config BLOCK_M {config['BLOCK_M']}")
+
+
+def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int, config: dict,
+                pdl: bool = True) -> torch.Tensor:
+    """h [T * top_k, I] in x's dtype: h[pair] = silu(w13[e, :I] @ x[token]) * (w13[e, I:] @ x[token]) for every
+    pair in blocks (pair = token * top_k + slot, e its block's expert). Rows of pairs in no block are not written.
+    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows)."""
+    _check_blocks(blocks, config)
+    num_tokens, hidden = x.shape
+    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden or w13.dtype != x.dtype:
+        raise ValueError(f"w13 {w13.dtype} {tuple(w13.shape)} does not fit x {x.dtype} {tuple(x.shape)}")
+    intermediate = w13.shape[1] // 2
+    x = x if x.stride(1) == 1 else x.contiguous()
+    h = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
+    num_blocks = blocks.block_experts.shape[0]
+    block_n = config["BLOCK_N"] // 2
+    if num_blocks:
+        _moe_gate_up_kernel[(num_blocks * triton.cdiv(intermediate, block_n),)](
+            x, w13, h, blocks.sorted_ids, blocks.block_experts, blocks.num_padded,
+            h.shape[0], num_blocks, hidden, intermediate,
+            x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), h.stride(0),
+            TOP_K=top_k, BLOCK_M=blocks.block_m, BLOCK_N=block_n,
+            **_kernel_options(config, hidden, x.dtype, x.device, pdl),
+        )
+    return h
+
+
+def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks, config: dict,
+             zero_unrouted: bool = False, pdl: bool = True) -> torch.Tensor:
+    """y [pairs, H] in h's dtype: y[pair] = topk_weights[pair] * (w2[e] @ h[pair]) for every pair in blocks. Rows of
+    pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I]; topk_weights:
+    float32 with one weight per pair ([T, top_k])."""
+    _check_blocks(blocks, config)
+    num_pairs, intermediate = h.shape
+    if w2.dim() != 3 or w2.shape[2] != intermediate or w2.dtype != h.dtype:
+        raise ValueError(f"w2 {w2.dtype} {tuple(w2.shape)} does not fit h {h.dtype} {tuple(h.shape)}")
+    if topk_weights.numel() != num_pairs or topk_weights.dtype != torch.float32:
+        raise ValueError(f"topk_weights must be float32 with {num_pairs} weights, got {topk_weights.dtype} "
+                         f"{tuple(topk_weights.shape)}")
+    hidden = w2.shape[1]
+    weights = topk_weights.reshape(-1).contiguous()
+    h = h if h.stride(1) == 1 else h.contiguous()
+    y = (torch.zeros if zero_unrouted else torch.empty)(num_pairs, hidden, dtype=h.dtype, device=h.device)
+    num_blocks = blocks.block_experts.shape[0]
+    if num_blocks:
+        _moe_down_kernel[(num_blocks * triton.cdiv(hidden, config["BLOCK_N"]),)](
+            h, w2, weights, y, blocks.sorted_ids, blocks.block_experts, blocks.num_padded,
+            num_pairs, num_blocks, hidden, intermediate,
+            h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), y.stride(0),
+            BLOCK_M=blocks.block_m, BLOCK_N=config["BLOCK_N"],
+            **_kernel_options(config, intermediate, h.dtype, h.device, pdl),
+        )
+    return y
+
+
+def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map) -> None:
+    if x.dim() != 2 or x.dtype not in MOE_DTYPES:
+        raise ValueError(f"x must be [num_tokens, hidden] in {MOE_DTYPES}, got {x.dtype} {tuple(x.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must be "
+                         f"[{x.shape[0]}, top_k]")
+    if w13.dim() != 3 or w2.dim() != 3 or w2.shape[0] != w13.shape[0] or w13.shape[1] != 2 * w2.shape[2] \
+            or w13.shape[2] != x.shape[1] or w2.shape[1] != x.shape[1]:
+        raise ValueError(f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} must be [E, 2I, H] and [E, H, I] with "
+                         f"H = {x.shape[1]}")
+    if expert_map is not None and expert_map.dim() != 1:
+        raise ValueError(f"expert_map must be [global_experts], got {tuple(expert_map.shape)}")
+
+
+def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                  w2: torch.Tensor, expert_map: torch.Tensor | None = None,
+                  launch_config: dict | None = None, pdl: bool = True) -> torch.Tensor:
+    """The routed experts' output [T, H] in x's dtype:
+    out[t] = sum over slots j with a local expert e of topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) *
+    (w13[e, I:] @ x[t]))).
+
+    x: [T, H]; topk_weights: float32 [T, k]; topk_ids: int32 [T, k], global expert ids; w13: [E, 2I, H] (gate rows,
+    then up rows); w2: [E, H, I]; expert_map: None (ids are local) or int32 [global experts] -> local index, -1 for
+    an expert on another rank (its pairs add nothing). launch_config: moe_launch_config's keys (None picks them).
+    pdl: the kernels take programmatic dependent launch where the GPU has it (kernels.dependent_launch).
+    """
+    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map)
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_experts, intermediate = w2.shape[0], w2.shape[2]
+    if num_tokens == 0:
+        return torch.empty_like(x)
+    config = launch_config or moe_launch_config(num_tokens, top_k, num_experts, hidden, intermediate, x.dtype,
+                                                x.device)
+    blocks = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"], expert_map, pdl=pdl)
+    h = moe_gate_up(x, w13, blocks, top_k, config, pdl)  # [T * k, I]
+    y = moe_down(h, w2, topk_weights, blocks, config, zero_unrouted=expert_map is not None, pdl=pdl)  # [T * k, H]
+    return y.view(num_tokens, hidden) if top_k == 1 else y.view(num_tokens, top_k, hidden).sum(1)
+
+
+def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int) -> torch.Tensor:
+    """Plain torch, one expert at a time over the pairs in blocks; rows of pairs in no block are zeros."""
+    h = torch.zeros(x.shape[0] * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
+    for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
+        h[pairs] = silu_and_mul_ref(torch.nn.functional.linear(x[pairs // top_k], w13[expert]))
+    return h
+
+
+def moe_down_ref(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks) -> torch.Tensor:
+    """Plain torch, one expert at a time; rows of pairs in no block are zeros."""
+    y = torch.zeros(h.shape[0], w2.shape[1], dtype=h.dtype, device=h.device)
+    weights = topk_weights.reshape(-1)
+    for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
+        y[pairs] = torch.nn.functional.linear(h[pairs], w2[expert]) * weights[pairs, None].to(h.dtype)
+    return y
+
+
+def _pairs_by_expert(blocks: ExpertBlocks, num_pairs: int):
+    """(expert, int64 pair ids) for each expert with a block."""
+    rows = blocks.sorted_ids[:int(blocks.num_padded)].long()
+    experts = blocks.block_experts.repeat_interleave(blocks.block_m)[:rows.numel()]
+    routed = rows < num_pairs
+    for expert in experts[routed].unique().tolist():
+        yield expert, rows[routed & (experts == expert)]
+
+
+def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch as Hugging Face's sparse MoE blocks compute it: one local expert at a time over its tokens, its
+    output times the routing weight (in x's dtype) added into the result in x's dtype."""
+    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map)
+    experts = topk_ids.long() if expert_map is None else expert_map.long()[topk_ids.long()]
+    out = torch.zeros_like(x)
+    for expert in range(w13.shape[0]):
+        tokens, slots = torch.where(experts == expert)
+        if tokens.numel() == 0:
+            continue
+        h = silu_and_mul_ref(torch.nn.functional.linear(x[tokens], w13[expert]))
+        y = torch.nn.functional.linear(h, w2[expert]) * topk_weights[tokens, slots, None].to(x.dtype)
+        out.index_add_(0, tokens, y)
+    return out

@@ -1,0 +1,89 @@
+"""Compiles the MoE kernels for the H200 (sm_90) with Triton's own ptxas, no GPU needed, at the launch configs
+kernels.fused_moe picks for Qwen3-30B-A3B's experts, and prints one line per variant: shared memory, whether the
+GEMM's K loop is software-pipelined (asynchronous copies) and whether registers spill:
+`python tests/kernels/moe_h200_compile.py` (without TRITON_INTERPRET).
+
+Arguments are typed as a launch types them: pointers and the integers that are multiples of 16 carry
+tt.divisibility 16, a weight's unit stride is the constant 1; without the divisibility the loads cannot be
+vectorised and the compiler does not pipeline them.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sluice.kernels.fused_moe import _moe_down_kernel, _moe_gate_up_kernel, moe_launch_config
+from sluice.kernels.moe_align import _moe_align_count_kernel, _moe_align_kernel
+from sluice.kernels.moe_routing import _topk_softmax_kernel
+
+H200 = GPUTarget("cuda", 90, 32)
+UNALIGNED = {"num_pairs", "num_blocks", "num_tokens", "num_experts", "num_chunks", "max_blocks"}  # any value
+GATE_UP = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+           "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_blocks": "i32",
+           "hidden": "i32", "intermediate": "i32", "stride_xt": "i32", "stride_we": "i32", "stride_wn": "i32",
+           "stride_ht": "i32"}
+DOWN = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "topk_weights_ptr": "*fp32", "y_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+        "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_blocks": "i32",
+        "hidden": "i32", "intermediate": "i32", "stride_ht": "i32", "stride_we": "i32", "stride_wn": "i32",
+        "stride_yt": "i32"}
+ROUTE = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "num_tokens": "i32", "num_experts": "i32",
+         "stride_l": "i32"}
+ALIGN = {"topk_ids_ptr": "*i32", "expert_map_ptr": "*i32", "counts_ptr": "*i32", "sorted_ids_ptr": "*i32",
+         "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_experts": "i32",
+         "num_chunks": "i32", "max_blocks": "i32"}
+COUNT = {"topk_ids_ptr": "*i32", "expert_map_ptr": "*i32", "counts_ptr": "*i32", "num_pairs": "i32",
+         "num_experts": "i32"}
+
+
+def compile_h200(kernel, signature: dict[str, str], constexprs: dict, num_warps: int, num_stages: int = 3):
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in signature if name not in UNALIGNED}
+    source = ASTSource(kernel, signature | dict.fromkeys(constexprs, "constexpr"), constexprs, attrs=attrs)
+    return triton.compile(source, target=H200, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def describe(name: str, compiled) -> str:
+    pipelined = "pipelined" if "async_copy_global_to_local" in compiled.asm["ttgir"] else "not pipelined"
+    spills = "spills to local memory" if ".local" in compiled.asm["ptx"] else "no spills"
+    return f"{name}: {compiled.metadata.shared} bytes of shared memory, {pipelined}, {spills}"
+
+
+def gemms(num_tokens: int, dtype: torch.dtype) -> list[str]:
+    """Both grouped GEMMs at the config picked for num_tokens of Qwen3-30B-A3B (128 experts, top-8, H 2048, I 768)."""
+    config = moe_launch_config(num_tokens, 8, 128, 2048, 768, dtype, torch.device("cuda"))
+    element = "*fp32" if dtype == torch.float32 else "*bf16"
+    dot = (tl.float32, "ieee") if dtype == torch.float32 else (tl.bfloat16, "tf32")
+    common = dict(BLOCK_M=config["BLOCK_M"], BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"], EVEN_K=True,
+                  DOT_DTYPE=dot[0], DOT_PRECISION=dot[1], PDL=True, stride_wk=1)
+    options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
+    tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
+    lines = []
+    for name, kernel, signature, extra in (
+        ("gate_up", _moe_gate_up_kernel, GATE_UP, dict(TOP_K=8, BLOCK_N=config["BLOCK_N"] // 2)),
+        ("down", _moe_down_kernel, DOWN, dict(BLOCK_N=config["BLOCK_N"])),
+    ):
+        signature = {k: element if v == "*bf16" else v for k, v in signature.items()}
+        compiled = compile_h200(kernel, signature, common | extra, **options)
+        lines.append(describe(f"moe {name} {num_tokens} tokens {str(dtype)[6:]} {tile}", compiled))
+    return lines
+
+
+def main() -> None:
+    for num_tokens in (1, 64, 256, 512, 4096):
+        print("\n".join(gemms(num_tokens, torch.bfloat16)))
+    print("\n".join(gemms(4096, torch.float32)))
+    for experts, top_k, block_t in ((128, 8, 32), (512, 8, 8)):
+        constexprs = dict(TOP_K=top_k, RENORMALIZE=True, BLOCK_T=block_t, BLOCK_E=experts, BLOCK_K=top_k, PDL=True)
+        print(describe(f"topk_softmax {experts} experts", compile_h200(_topk_softmax_kernel, ROUTE, constexprs, 4)))
+    for one_chunk, chunk, experts, block_m in ((True, 16, 128, 16), (False, 128, 128, 128), (False, 32, 512, 64)):
+        constexprs = dict(HAS_MAP=True, ONE_CHUNK=one_chunk, CHUNK=chunk, BLOCK_E=experts, BLOCK_M=block_m,
+                          TABLE_ROWS=1 if one_chunk else 64, LABEL_BLOCKS=16, PDL=True)
+        compiled = compile_h200(_moe_align_kernel, ALIGN, constexprs, 8 if chunk * experts >= 8192 else 4)
+        print(describe(f"moe_align chunk {chunk} of {experts} experts, blocks of {block_m}", compiled))
+    compiled = compile_h200(_moe_align_count_kernel, COUNT, dict(HAS_MAP=False, CHUNK=128, BLOCK_E=128, PDL=True), 4)
+    print(describe("moe_align count", compiled))
+
+
+if __name__ == "__main__":
+    main()
