@@ -22,7 +22,7 @@ TENSOR_PARALLEL_SIZE = 2
 WORKER = dict(model="SmolLM2-tiny", load_format="dummy", dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8",
               calculate_kv_scales=True, device="cpu:0", kv_cache_gib=0.25, gpu_memory_utilization=0.5,
               enforce_eager=True, dependent_launch=False, kernels="torch", tensor_parallel_size=TENSOR_PARALLEL_SIZE,
-              dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy")
+              enable_expert_parallel=True, dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy")
 SCHEDULER = dict(num_blocks=64, block_size=32, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
                  enable_prefix_caching=False, policy="fcfs", max_waiting_requests=16, max_waiting_tokens=100_000,
                  speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3,

@@ -15,7 +15,7 @@ from tests.worker.stepping import run_greedy
 
 TINY_MOE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-6, "eos_token_id": 0, "num_experts_per_tok": 2}
+            "rms_norm_eps": 1e-6, "eos_token_id": 0, "pad_token_id": 255, "num_experts_per_tok": 2}
 MOE_FAMILIES = {
     "qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
                   "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]},

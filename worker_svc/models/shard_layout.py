@@ -38,7 +38,7 @@ class ShardLayout:
     config: ModelConfig  # the whole model's
     rank: int = 0
     world_size: int = 1
-    expert_parallel: bool = False  # whole experts on each rank, instead of every expert's intermediate columns
+    expert_parallel: bool = False  # a mixture's whole experts on each rank, not every expert's intermediate columns
 
     def __post_init__(self):
         heads, kv_heads, size = self.config.num_heads, self.config.num_kv_heads, self.world_size
@@ -47,9 +47,7 @@ class ShardLayout:
         if kv_heads % size and size % kv_heads:
             raise ValueError(f"tensor_parallel_size {size} neither divides nor is a multiple of the {kv_heads} KV "
                              "heads")
-        if self.expert_parallel and self.config.moe is None:
-            raise ValueError(f"expert parallelism needs a mixture of experts, not {self.config.architecture}")
-        if self.expert_parallel and self.config.moe.num_experts % size:
+        if self.expert_parallel and self.config.moe is not None and self.config.moe.num_experts % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the {self.config.moe.num_experts} "
                              "experts for expert parallelism")
         if traits_for(self.config.architecture).qk_projection_norm and kv_heads % size:
