@@ -24,6 +24,8 @@
 #               alternating
 #   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
 #               through two, alternating, the load from two client processes
+#   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count
+#               (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 and the standard workload beside Qwen3-0.6B's
 # Needs Sluice installed: `pip install -e .`, or on a machine without grpcio-tools the wheel that
 # `pip wheel --no-deps --no-build-isolation -w .whl .` builds here. PYTHONSAFEPATH keeps the checkout's folders
 # (router/, kernels/) off sys.path, where they would shadow the installed packages.
@@ -128,6 +130,13 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
           "--temperature 0.7 --repetition-penalty 1.1 --frequency-penalty 0.2 --logprobs 5"; do
         echo "-- ${flags:-greedy}"
         bench throughput --model Qwen3-0.6B "${DUMMY[@]}" $flags --out "$OUT/throughput_${flags//[ .-]/}.json"
+      done ;;
+    moe)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_fused_moe.py 2>&1 | tail -3
+      timeout 300 python3 benchmarks/fused_moe.py "$OUT/fused_moe.json" 2>&1 | grep -v Warning | tail -30
+      for model in Qwen3-30B-A3B Qwen3-0.6B; do
+        bench latency --model $model "${DUMMY[@]}" --in-process --out "$OUT/latency_${model}_inproc.json"
+        BENCH_TIMEOUT=400 bench throughput --model $model "${DUMMY[@]}" --out "$OUT/throughput_$model.json"
       done ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
