@@ -41,10 +41,14 @@ class _StepDraft:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic,
+                 attention_window: int = 0):
+        """attention_window: tokens back from its newest that a query reads in every layer of the model (0: the
+        whole context); the blocks before a request's window are freed as it advances."""
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
+                                          attention_window)
         self.num_preemptions = 0
         self._requests: dict[str, Request] = {}  # every unfinished request (each sample of an n > 1 request)
         self._sample_groups = SampleGroups()

@@ -46,7 +46,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                 return
             info, config = started
             sessions = RouterSessions()
-            scheduler = Scheduler(config, set(info.eos_token_ids))
+            scheduler = Scheduler(config, set(info.eos_token_ids), attention_window=info.attention_window)
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
             service.metrics_registry.register(SchedulerLoadCollector(scheduler, info.model))
             loop = EngineLoop(scheduler, worker, sessions,

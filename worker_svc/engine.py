@@ -95,6 +95,12 @@ class WorkerEngine:
         return self.device.type == "cuda" and not self.config.enforce_eager
 
     @property
+    def attention_window(self) -> int:
+        """Tokens back that a query reads in every layer of the models whose KV the block tables place (0: all)."""
+        windows = [config.attention_window for config in (self.model_config, self.draft_config) if config]
+        return 0 if 0 in windows else max(windows)
+
+    @property
     def max_model_len(self) -> int:
         """The longest request both models (the target and any draft) take."""
         lengths = [config.max_position_embeddings for config in (self.model_config, self.draft_config) if config]

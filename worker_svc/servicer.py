@@ -32,7 +32,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
                              rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
                              draft_model=Path(self.engine.config.draft_model).name,
-                             kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "")
+                             kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "",
+                             attention_window=self.engine.attention_window)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:

@@ -1,4 +1,6 @@
-"""Per-request block tables over the BlockPool, with automatic prefix caching (vLLM v1's KVCacheManager)."""
+"""Per-request block tables over the BlockPool, with automatic prefix caching (vLLM v1's KVCacheManager); for a model
+whose every layer has a sliding window, the blocks before a request's window go back to the pool as it advances
+(vLLM's SlidingWindowManager)."""
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -16,6 +18,7 @@ class PrefixHit(NamedTuple):
 
 
 NO_PREFIX_HIT = PrefixHit([], 0)
+RELEASED_BLOCK_ID = 0  # the worker's entry for a block before the window: attention never reads it
 
 
 @dataclass(slots=True)
@@ -26,16 +29,20 @@ class ForkResult:
 
 class BlockManager:
     """Only full blocks are ever shared (prefix hits, forks); a request's partial last block is always private, so a
-    shared block is never written in place."""
+    shared block is never written in place. A table's entry is None once its block is released (attention_window)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 attention_window: int = 0):
+        """attention_window: tokens back from its newest that a query reads (0: the whole context)."""
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.attention_window = attention_window
         self.kv_events = KvEventRecorder()
         self.pool = BlockPool(num_blocks, self.kv_events)
-        self._tables: dict[str, list[KVBlock]] = {}
+        self._tables: dict[str, list[KVBlock | None]] = {}
         self._block_hashes: dict[str, list[BlockHash]] = {}
         self._num_registered_blocks: dict[str, int] = {}  # leading blocks of a table already offered to the cache
+        self._num_released_blocks: dict[str, int] = {}  # leading blocks of a table released, outside the window
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -62,7 +69,7 @@ class BlockManager:
         return len(self._tables.get(request_id, ()))
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [block.block_id for block in self._tables.get(request_id, ())]
+        return [RELEASED_BLOCK_ID if block is None else block.block_id for block in self._tables.get(request_id, ())]
 
     def get_computed_blocks(self, request: Request, num_tokens_to_compute: int = 1) -> PrefixHit:
         """The longest cached prefix of the request's tokens, in whole blocks, short of its last
@@ -88,6 +95,7 @@ class BlockManager:
             return self._allocate_first(request, num_new_tokens, prefix_hit)
         table = self._tables.setdefault(request.request_id, [])
         self._num_registered_blocks.setdefault(request.request_id, 0)
+        self._release_before_window(request, table)
         num_new_blocks = self.num_blocks_for(request.num_computed_tokens + num_new_tokens) - len(table)
         if num_new_blocks <= 0:
             return []
@@ -96,6 +104,21 @@ class BlockManager:
         added = self.pool.allocate(num_new_blocks)
         table.extend(added)
         return [block.block_id for block in added]
+
+    def _release_before_window(self, request: Request, table: list[KVBlock | None]) -> None:
+        """Frees the leading blocks that end before the window of the request's next query (at its computed
+        tokens); with prefix caching, only those the cache holds, so they stay prefix hits until evicted."""
+        if not self.attention_window:
+            return
+        first_read = request.num_computed_tokens - self.attention_window + 1
+        end = max(first_read, 0) // self.block_size
+        if self.enable_prefix_caching:
+            end = min(end, self._num_registered_blocks[request.request_id])
+        start = self._num_released_blocks.get(request.request_id, 0)
+        if end > start:
+            self.pool.free([block for block in table[start:end][::-1] if block is not None])
+            table[start:end] = [None] * (end - start)
+            self._num_released_blocks[request.request_id] = end
 
     def _allocate_first(self, request: Request, num_new_tokens: int, prefix_hit: PrefixHit) -> list[int] | None:
         if self._tables.get(request.request_id):
@@ -158,13 +181,15 @@ class BlockManager:
         table = self._tables.pop(request.request_id, None)
         self._block_hashes.pop(request.request_id, None)
         self._num_registered_blocks.pop(request.request_id, None)
+        self._num_released_blocks.pop(request.request_id, None)
         if table:
-            self.pool.free(table[::-1])
+            self.pool.free([block for block in table[::-1] if block is not None])
 
     def fork(self, parent_request_id: str, child_request_id: str, num_computed_tokens: int) -> ForkResult | None:
         """Gives the child the parent's first `num_computed_tokens` of KV (for n > 1 sampling). Full blocks are
         shared by reference; a partial last block is copied into a fresh private block (copy-on-write done at fork
-        time, since the child writes into it at its very next step). None if no block is free for that copy."""
+        time, since the child writes into it at its very next step). None if no block is free for that copy, or if
+        the parent released a block the child's window reads."""
         parent_table = self._tables[parent_request_id]
         if child_request_id in self._tables:
             raise ValueError(f"request {child_request_id} already has blocks")
@@ -173,15 +198,19 @@ class BlockManager:
             raise ValueError(f"parent {parent_request_id} holds fewer than {num_computed_tokens} tokens")
         if partial and self.pool.num_free_blocks < 1:
             return None
+        num_released = self._num_released_blocks.get(parent_request_id, 0)
+        if num_released * self.block_size > num_computed_tokens - self.attention_window + 1:
+            return None
         shared = parent_table[:num_full]
-        self.pool.touch(shared)
+        self.pool.touch([block for block in shared if block is not None])
         child_table = shared + (self.pool.allocate(1) if partial else [])
         self._tables[child_request_id] = child_table
         self._num_registered_blocks[child_request_id] = min(num_full, self._num_registered_blocks[parent_request_id])
+        self._num_released_blocks[child_request_id] = num_released
         if parent_request_id in self._block_hashes:
             self._block_hashes[child_request_id] = self._block_hashes[parent_request_id][:num_full]
         copies = [(parent_table[num_full].block_id, child_table[-1].block_id)] if partial else []
-        return ForkResult([block.block_id for block in child_table], copies)
+        return ForkResult(self.block_ids(child_request_id), copies)
 
     def reset_prefix_cache(self) -> int:
         """Evicts every cached block that no request holds; returns how many."""

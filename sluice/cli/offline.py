@@ -31,7 +31,8 @@ class OfflineEngine:
                                  **scheduler_options)
         num_blocks = worker.init_cache(block_size, num_blocks, config.max_num_batched_tokens, config.max_num_seqs,
                                        config.max_model_len)
-        self.scheduler = Scheduler(replace(config, num_blocks=num_blocks), set(worker.model_config.eos_token_ids))
+        self.scheduler = Scheduler(replace(config, num_blocks=num_blocks), set(worker.model_config.eos_token_ids),
+                                   attention_window=worker.attention_window)
         self.worker = worker
         self.steps_in_flight = steps_in_flight or (MAX_STEPS_IN_FLIGHT if worker.device.type == "cuda" else 1)
         self.num_steps = 0

@@ -33,8 +33,9 @@ def cycling_model(context: list[int]) -> int:
     return 1 + (context[-1] * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
 
 
-def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(num_blocks=num_blocks, **config), eos_token_ids={EOS})
+def make_scheduler(num_blocks: int = 64, attention_window: int = 0, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(num_blocks=num_blocks, **config), eos_token_ids={EOS},
+                     attention_window=attention_window)
 
 
 @dataclass
@@ -56,9 +57,11 @@ class FakeWorker:
     a step computes. A constrained request's sample reports, with grammar_error_probability, that its constraint
     cannot go on, as the worker does when no token continues it. With a `model` (the next token of a context) the
     worker samples what it says and accepts proposals as a greedy model does: while each is the model's next token.
-    With a `draft_model`, the slots a plan reserves for draft tokens are filled with its greedy continuation."""
+    With a `draft_model`, the slots a plan reserves for draft tokens are filled with its greedy continuation. With an
+    `attention_window`, only a query's window must hold its context, and every query of a step checks that it does."""
 
     block_size: int
+    attention_window: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     eos_probability: float = 0.0
     grammar_error_probability: float = 0.0
@@ -80,7 +83,7 @@ class FakeWorker:
         assert set(new_ids) | set(cached_ids) == set(plan.num_scheduled_tokens)
         for new in plan.new_requests:
             assert new.request_id not in self.requests, f"{new.request_id} sent whole twice"
-            for pos in range(new.num_computed_tokens):
+            for pos in range(self._first_read(new.num_computed_tokens), new.num_computed_tokens):
                 assert self._kv_at(new.block_ids, pos) == new.token_ids[pos], "prefix hit returned wrong KV"
             self.requests[new.request_id] = _WorkerRequest(
                 list(new.token_ids), list(new.block_ids), new.num_computed_tokens,
@@ -96,7 +99,8 @@ class FakeWorker:
             assert cached.num_blocks - len(cached.new_block_ids) <= len(state.block_ids)
             state.block_ids = state.block_ids[:cached.num_blocks - len(cached.new_block_ids)] + cached.new_block_ids
         sampled, accepted = {}, {}
-        holders = Counter(block for state in self.requests.values() for block in state.block_ids)
+        holders = Counter(block for state in self.requests.values()
+                          for block in state.block_ids[self._first_read(state.num_computed_tokens) // self.block_size:])
         prompt_logprobs, grammar_errors = {}, {}
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             assert num_tokens > 0
@@ -112,6 +116,10 @@ class FakeWorker:
                 block = state.block_ids[pos // self.block_size]
                 assert holders[block] == 1, f"write into block {block} shared by {holders[block]} requests"
                 self.kv.setdefault(block, [None] * self.block_size)[pos % self.block_size] = inputs[pos]
+            if self.attention_window:
+                for query in range(state.num_computed_tokens, state.num_computed_tokens + num_tokens):
+                    for pos in range(self._first_read(query), query + 1):
+                        assert self._kv_at(state.block_ids, pos) == inputs[pos], "a window read another's KV"
             state.num_computed_tokens += num_tokens
             assert state.num_computed_tokens <= len(inputs)
             if state.num_computed_tokens == len(inputs):
@@ -151,6 +159,10 @@ class FakeWorker:
         if self.rng.random() < self.eos_probability:
             return EOS
         return self.rng.randrange(1, self.vocab)
+
+    def _first_read(self, query_position: int) -> int:
+        """The first position a query at query_position attends to."""
+        return max(query_position - self.attention_window + 1, 0) if self.attention_window else 0
 
     def _kv_at(self, block_ids: list[int], pos: int) -> int | None:
         return self.kv.get(block_ids[pos // self.block_size], [None] * self.block_size)[pos % self.block_size]

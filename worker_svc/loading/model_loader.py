@@ -10,7 +10,7 @@ from sluice.worker.loading.kv_scales import with_kv_scales
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
-from sluice.worker.models.registry import traits_for
+from sluice.worker.models.registry import ARCHITECTURES, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
@@ -90,6 +90,7 @@ class ModelLoader:
             model = DecoderLM(model_config, traits, ops) if self.group is None else \
                 TensorParallelDecoderLM(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
+        _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)
         if model_config.tie_word_embeddings:
@@ -102,6 +103,17 @@ class ModelLoader:
         if tensor.dtype == FP8 or name.endswith("_scale") or not tensor.is_floating_point():
             return tensor.to(self.device)
         return tensor.to(self.device, self.config.torch_dtype)
+
+
+def _check_weight_names(architecture: str, expected: set[str], given: set[str]) -> None:
+    """A checkpoint's weights are the modules' own: one the worker does not expect, or one it misses, is named."""
+    unexpected, missing = sorted(given - expected), sorted(expected - given)
+    if unexpected or missing:
+        problems = [f"{what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                    for what, names in (("weights the worker does not expect", unexpected),
+                                        ("weights missing", missing)) if names]
+        raise ValueError(f"the {architecture} checkpoint does not match the worker's {architecture} model; "
+                         f"{'; '.join(problems)} (supported architectures: {sorted(ARCHITECTURES)})")
 
 
 def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:

@@ -2,6 +2,7 @@
 config.json."""
 from dataclasses import dataclass
 
+from sluice.worker.models.config_fields import check_config_fields, layer_windows
 from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
 
 
@@ -26,6 +27,7 @@ class ModelConfig:
     quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py)
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
+    layer_windows: tuple[int, ...] = ()  # each layer's sliding window in tokens, 0 for full attention (() all full)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -33,6 +35,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
+        """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py)."""
+        check_config_fields(hf)
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         eos = hf.get("eos_token_id")
@@ -52,7 +56,18 @@ class ModelConfig:
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             moe=moe_config_from_hf(hf),
+            layer_windows=layer_windows(hf),
         )
 
     def has_experts(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers
+
+    @property
+    def attention_window(self) -> int:
+        """Tokens back from its newest that a query reads in any layer, when every layer has a sliding window; 0
+        when a layer attends to the whole context."""
+        return max(self.layer_windows) if self.layer_windows and all(self.layer_windows) else 0
+
+    def sliding_window(self, layer: int) -> int:
+        """The layer's sliding window in tokens; 0 for full attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0

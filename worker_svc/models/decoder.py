@@ -16,8 +16,9 @@ from sluice.worker.ops.fp8 import FP8
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int):
         super().__init__()
+        self.sliding_window = config.sliding_window(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -54,7 +55,8 @@ class Attention(nn.Module):
         # q: [num_tokens, num_heads, head_dim], normed and rotated; k and v go to the cache
         q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, *self.qk_norms, key_cache, value_cache,
                                  meta.slot_mapping, *kv_scales)
-        out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales)
+        out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales,
+                                 sliding_window=self.sliding_window)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
     def _projection_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
@@ -85,7 +87,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = self._embedding(config)
-        self.layers = nn.ModuleList(DecoderLayer(config, self._attention(config, traits, ops),
+        self.layers = nn.ModuleList(DecoderLayer(config, self._attention(config, traits, ops, layer),
                                                  self._mlp(config, layer, ops), ops)
                                     for layer in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
@@ -115,8 +117,8 @@ class DecoderLM(nn.Module):
     def _embedding(self, config: ModelConfig) -> nn.Embedding:
         return nn.Embedding(config.vocab_size, config.hidden_size)
 
-    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
-        return Attention(config, traits, ops)
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int) -> Attention:
+        return Attention(config, traits, ops, layer)
 
     def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
         """The layer's MLP: its mixture of experts in an MoE layer."""

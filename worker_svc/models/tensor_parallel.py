@@ -34,8 +34,8 @@ class RowParallelAttention(Attention):
     """The rank's q and KV heads; o_proj reads the rank's heads only, so its partial outputs are summed. A norm of
     the whole q or k projection sums its squares over the ranks."""
 
-    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, group: TensorParallelGroup):
-        super().__init__(config, traits, ops)
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int, group: TensorParallelGroup):
+        super().__init__(config, traits, ops, layer)
         self.group = group
 
     def forward(self, qkv, positions, cos_sin_cache, kv_cache, meta):
@@ -86,8 +86,8 @@ class TensorParallelDecoderLM(DecoderLM):
     def _embedding(self, config: ModelConfig) -> nn.Embedding:
         return VocabParallelEmbedding(config.vocab_size, config.hidden_size, self.layout.vocab.start, self.group)
 
-    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops) -> Attention:
-        return RowParallelAttention(config, traits, ops, self.group)
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int) -> Attention:
+        return RowParallelAttention(config, traits, ops, layer, self.group)
 
     def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
         if config.has_experts(layer):

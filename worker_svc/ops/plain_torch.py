@@ -106,8 +106,11 @@ class TorchOps:
 
     @staticmethod
     def attention(q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
-                  out=None) -> torch.Tensor:
-        """Causal attention of the step's queries over their paged context, into `out` when given."""
+                  out=None, sliding_window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None):
+        """Causal attention of the step's queries over their paged context, into `out` when given. sliding_window > 0:
+        a query at position p reads the keys after p - sliding_window only; softcap > 0: scores become
+        softcap * tanh(score / softcap); sinks: a float32 logit per query head that joins each softmax's denominator
+        and adds no value (gpt-oss)."""
         # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
         num_heads, head_dim = q.shape[1:]
         block_size = key_cache.shape[1]
@@ -122,12 +125,35 @@ class TorchOps:
         query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
         first_query_pos = (meta.seq_lens - query_lens).long()
         query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len)[None]  # [num_seqs, max_query_len]
-        mask = torch.arange(meta.max_seq_len)[None, None] <= query_pos[:, :, None]
-        attended = F.scaled_dot_product_attention(padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  attn_mask=mask[:, None], scale=scale, enable_gqa=True)
+        key_pos = torch.arange(meta.max_seq_len)[None, None]
+        mask = key_pos <= query_pos[:, :, None]
+        if sliding_window:
+            mask &= key_pos > query_pos[:, :, None] - sliding_window
+        q, k, v = padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if softcap or sinks is not None:
+            attended = _explicit_attention(q, k, v, mask[:, None], scale, softcap, sinks)
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=True)
         attended = attended.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
         return attended if out is None else out.copy_(attended)
 
+
+def _explicit_attention(q, k, v, mask, scale: float, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention with its scores written out, as transformers' eager attention computes soft-capping and sinks:
+    q [seqs, heads, queries, dim], k and v [seqs, kv_heads, keys, dim], mask [seqs, 1, queries, keys]."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink_column = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+        scores = torch.cat([scores, sink_column], dim=-1)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    return torch.matmul(probs, v)
 
 def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None) -> None:
     """x's rows into the cache's slots, quantized for an FP8 cache (index_put_: the CPU has no FP8 index_copy_)."""

@@ -109,7 +109,9 @@ class TritonOps(TorchOps):
         return kernels.fused_experts(x, topk_weights, topk_ids, w13, w2, expert_map, pdl=self.pdl)
 
     def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
-                  out=None) -> torch.Tensor:
+                  out=None, sliding_window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
+        if sliding_window or softcap or sinks is not None:
+            raise NotImplementedError("the Triton attention kernels have no sliding window, soft-capping or sinks")
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
                                                   k_scale=k_scale, v_scale=v_scale, out=out,

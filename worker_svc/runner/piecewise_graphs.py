@@ -33,6 +33,7 @@ class _LayerAttention:
     scale: float
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
+    variant: dict  # sliding_window, softcap, sinks: as the layer passes them (ops.attention)
 
 
 class PiecewiseGraphs:
@@ -87,8 +88,8 @@ class PiecewiseGraphs:
         ends and the next one begins, and the static output buffer stands for attention's result."""
         layers = []
 
-        def cut(q, key_cache, value_cache, meta, scale, k_scale=None, v_scale=None):
-            layers.append(_LayerAttention(key_cache, value_cache, scale, k_scale, v_scale))
+        def cut(q, key_cache, value_cache, meta, scale, k_scale=None, v_scale=None, **variant):
+            layers.append(_LayerAttention(key_cache, value_cache, scale, k_scale, v_scale, variant))
             self.query[:num_tokens].copy_(q)
             if chain is not None:
                 chain[-1].capture_end()
@@ -128,7 +129,7 @@ class PiecewiseGraphs:
         query, attended = self.query[:num_tokens], self.attended[:num_tokens]
         for layer, piece in zip(self.layers, pieces):
             self.attention(query, layer.key_cache, layer.value_cache, meta, layer.scale, layer.k_scale,
-                           layer.v_scale, out=attended)
+                           layer.v_scale, out=attended, **layer.variant)
             piece.replay()
         return self.hidden[0, :num_tokens], self.hidden[1, :num_tokens]
 
