@@ -10,9 +10,9 @@ from sluice.worker.loading.kv_scales import with_kv_scales
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.families import model_classes
 from sluice.worker.models.registry import ARCHITECTURES, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
-from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
 from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
 from sluice.worker.ops.plain_torch import TorchOps
@@ -86,9 +86,10 @@ class ModelLoader:
                      layout: ShardLayout | None = None) -> DecoderLM:
         """The target (in a group, the rank's part of it, as layout cuts it) or, of another config, the draft model."""
         traits = traits_for(model_config.architecture)
+        whole_model, rank_model = model_classes(model_config.architecture)
         with torch.device("meta"):
-            model = DecoderLM(model_config, traits, ops) if self.group is None else \
-                TensorParallelDecoderLM(layout, traits, ops, self.group)
+            model = whole_model(model_config, traits, ops) if self.group is None else \
+                rank_model(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
         _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
