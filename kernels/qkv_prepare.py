@@ -1,4 +1,5 @@
-"""Attention inputs from the fused qkv projection in one launch: optional q/k RMSNorm, rotary, KV-cache write."""
+"""Attention inputs from the fused qkv projection in one launch: optional q/k RMSNorm, rotary (of each head's first
+rotary_dim dims: all, or a partial rotary's share), KV-cache write."""
 import torch
 import triton
 import triton.language as tl
@@ -7,24 +8,26 @@ from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
 from sluice.kernels.reshape_and_cache import reshape_and_cache_ref
 from sluice.kernels.rms_norm import NORM_DTYPES, rms_norm_ref
-from sluice.kernels.rotary_embedding import rotary_embedding_ref
+from sluice.kernels.rotary_embedding import check_cos_sin_cache, rotary_embedding_ref
 
 
 @triton.jit
 def _normed_rotated_heads(
     first_head_ptr, stride_h, weight_ptr, eps, cos, sin,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_NORM: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
-    """One token's [NUM_HEADS, HEAD_DIM] rows, RMS-normalised over head_dim if HAS_NORM, then rotated.
+    """One token's [NUM_HEADS, HEAD_DIM] rows, RMS-normalised over head_dim if HAS_NORM, then rotated in their first
+    ROTARY_DIM dims.
 
-    Every element is loaded together with its rotate-half partner (dim d pairs with d +- HEAD_DIM / 2), so rows stay
-    whole and the sum of squares reduces in the same shape as kernels.rms_norm.
+    Every element is loaded together with its rotate-half partner (dim d < ROTARY_DIM pairs with d +- ROTARY_DIM / 2,
+    a dim past them with itself), so rows stay whole and the sum of squares reduces in the same shape as
+    kernels.rms_norm.
     """
-    half = HEAD_DIM // 2
+    half = ROTARY_DIM // 2
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
-    partner = tl.where(d < half, d + half, d - half)
+    partner = tl.where(d < half, d + half, tl.where(d < ROTARY_DIM, d - half, d))
     mask = (h < NUM_HEADS) & (d < HEAD_DIM)
     x = tl.load(first_head_ptr + h * stride_h + d, mask=mask, other=0.0)
     dtype = x.dtype
@@ -39,9 +42,9 @@ def _normed_rotated_heads(
         x = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
         x_partner = ((x_partner * inv_rms).to(dtype).to(tl.float32) * w_partner).to(dtype).to(tl.float32)
 
-    # -- rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) in fp32, rounded once
+    # -- rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) in fp32, rounded once; the dims past them pass
     rotated_half = tl.where(d < half, -x_partner, x_partner)
-    return (x * cos + rotated_half * sin).to(dtype)
+    return tl.where(d < ROTARY_DIM, x * cos + rotated_half * sin, x).to(dtype)
 
 
 @triton.jit
@@ -51,34 +54,34 @@ def _prepare_qkv_kernel(
     stride_t, stride_h, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     eps,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-    KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `token` turns its row of the fused qkv projection (q heads, k heads, v heads) into attention inputs.
 
     q and k heads get the optional RMSNorm (as kernels.rms_norm: fp32 statistics, rounded to the input dtype before
-    and after the weight multiply) and then NeoX rotary by the angles of positions[token] (as
-    kernels.rotary_embedding: cos_sin_cache row p holds cos then sin, fp32 math, one rounding). q goes to the contiguous
-    q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as kernels.reshape_and_cache,
-    quantized with their scales into FP8 caches), skipped for a negative (padding) slot.
+    and after the weight multiply) and then NeoX rotary of their first ROTARY_DIM dims by the angles of
+    positions[token] (as kernels.rotary_embedding: cos_sin_cache row p holds cos then sin, fp32 math, one rounding).
+    q goes to the contiguous q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as
+    kernels.reshape_and_cache, quantized with their scales into FP8 caches), skipped for a negative (padding) slot.
     """
     wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     row_ptr = qkv_ptr + token * stride_t
     d = tl.arange(0, BLOCK_D)[None, :]
 
-    # -- cos/sin per dim: d and d + HEAD_DIM / 2 share one angle
-    half = HEAD_DIM // 2
+    # -- cos/sin per rotated dim: d and d + ROTARY_DIM / 2 share one angle
+    half = ROTARY_DIM // 2
     angle = tl.where(d < half, d, d - half)
     pos = tl.load(positions_ptr + token).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + pos * stride_cs + angle, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cs + half + angle, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + angle, mask=d < ROTARY_DIM, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + half + angle, mask=d < ROTARY_DIM, other=0.0).to(tl.float32)
 
     # -- q
     h = tl.arange(0, BLOCK_H)[:, None]
     q = _normed_rotated_heads(row_ptr, stride_h, q_norm_weight_ptr, eps, cos, sin,
-                              NUM_HEADS, HEAD_DIM, BLOCK_H, BLOCK_D, HAS_NORM)
+                              NUM_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_H, BLOCK_D, HAS_NORM)
     tl.store(q_out_ptr + (token * NUM_HEADS + h) * HEAD_DIM + d, q, mask=(h < NUM_HEADS) & (d < HEAD_DIM))
 
     slot = tl.load(slot_mapping_ptr + token)
@@ -89,7 +92,7 @@ def _prepare_qkv_kernel(
     kv_mask = (kv_h < NUM_KV_HEADS) & (d < HEAD_DIM)
     # -- k
     k = _normed_rotated_heads(row_ptr + NUM_HEADS * stride_h, stride_h, k_norm_weight_ptr, eps, cos, sin,
-                              NUM_KV_HEADS, HEAD_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM)
+                              NUM_KV_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM)
     k = to_cache_element(k, k_scale_ptr, key_cache_ptr, KV_FP8)
     tl.store(key_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_h * stride_kch + d, k, mask=kv_mask)
     # -- v
@@ -109,7 +112,8 @@ def prepare_qkv(
     qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim], q heads then k heads then v heads (e.g. a view of the
     fused projection output; any token/head strides, head_dim contiguous); num_kv_heads is the caches' third dim.
     q_norm_weight, k_norm_weight: [head_dim] RMSNorm weights applied per head before rotary (Qwen3), both or None.
-    positions: int32/int64 [num_tokens]; cos_sin_cache: [max_position, head_dim] from build_cos_sin_cache;
+    positions: int32/int64 [num_tokens]; cos_sin_cache: [max_position, rotary_dim] from build_cos_sin_cache, an even
+    rotary_dim <= head_dim: the leading dims of each head that rotate (Phi-4-mini's partial rotary: 96 of 128);
     caches: [num_blocks, block_size, num_kv_heads, head_dim], in qkv's dtype, or FP8 (CUDA only) with the float32
     scales k_scale and v_scale; slot_mapping: int64 [num_tokens], negative = skip.
     """
@@ -127,9 +131,7 @@ def prepare_qkv(
         raise TypeError(f"qkv dtype {qkv.dtype} not in {NORM_DTYPES}")
     kv_fp8 = check_kv_scales(qkv.dtype, key_cache, value_cache, k_scale, v_scale)
     check_cache_writable(key_cache)
-    if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(f"cos_sin_cache must be [max_position, {head_dim}] for an even head_dim, "
-                         f"got {tuple(cos_sin_cache.shape)}")
+    check_cos_sin_cache(cos_sin_cache, head_dim)
     if positions.dtype not in (torch.int32, torch.int64) or positions.shape != (num_tokens,):
         raise ValueError(f"positions must be int [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
     if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,):
@@ -161,7 +163,8 @@ def prepare_qkv(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         eps,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=cos_sin_cache.shape[1],
+        BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
         KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device, pdl),
     )

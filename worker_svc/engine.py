@@ -143,7 +143,7 @@ class WorkerEngine:
 
 
 def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device) -> torch.Tensor:
-    return build_cos_sin_cache(config.head_dim, max_model_len, config.rope_theta, config.rope_scaling,
+    return build_cos_sin_cache(config.rotary_dim, max_model_len, config.rope_theta, config.rope_scaling,
                                torch.float32).to(device)
 
 

@@ -12,9 +12,10 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=5e-2
 MAX_POSITION = 4096
 
 
-def make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, block_size=16) -> dict:
+def make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, block_size=16,
+                rotary_dim=None) -> dict:
     """prepare_qkv's arguments: qkv a view of a wider projection output (padded token and head strides), random
-    caches, and every fourth slot from the second on a padding -1."""
+    caches, and every fourth slot from the second on a padding -1; a cos/sin table of rotary_dim (None: head_dim)."""
     wide = torch.randn(num_tokens, num_heads + 2 * num_kv_heads + 1, head_dim + 8, device=device).to(dtype)
     num_blocks = num_tokens // block_size + 3
     key_cache, value_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device).to(dtype)
@@ -24,7 +25,8 @@ def make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, no
     return dict(
         qkv=wide[:, 1:, :head_dim],
         positions=torch.randint(0, MAX_POSITION, (num_tokens,), device=device),
-        cos_sin_cache=build_cos_sin_cache(head_dim, MAX_POSITION, 10000.0, None, torch.float32).to(device),
+        cos_sin_cache=build_cos_sin_cache(rotary_dim or head_dim, MAX_POSITION, 10000.0, None,
+                                          torch.float32).to(device),
         q_norm_weight=norm_weights[0], k_norm_weight=norm_weights[1], eps=1e-6,
         key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
     )
@@ -50,11 +52,12 @@ def unfused_kernels(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 5, 123])
-@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, norm", [
-    (4, 4, 64, False), (6, 2, 128, True), (3, 1, 80, True),
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, norm, rotary_dim", [
+    (4, 4, 64, False, None), (6, 2, 128, True, None), (3, 1, 80, True, None),
+    (6, 2, 128, False, 96), (3, 1, 80, True, 20),  # partial rotary: Phi-4-mini's 0.75 of 128, and a quarter of 80
 ])
-def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm):
-    inputs = make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm)
+def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, rotary_dim):
+    inputs = make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, rotary_dim=rotary_dim)
     ref_inputs = with_cache_copies(inputs)
     qkv_before = inputs["qkv"].clone()
 
@@ -67,10 +70,11 @@ def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_di
     assert torch.equal(inputs["qkv"], qkv_before)
 
 
+@pytest.mark.parametrize("rotary_dim", [None, 96], ids=["whole_heads", "partial_rotary"])
 @pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "no_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_equals_unfused_kernels(device, norm, dtype):
-    inputs = make_inputs(device, dtype, 5, 6, 2, 128, norm)
+def test_equals_unfused_kernels(device, norm, dtype, rotary_dim):
+    inputs = make_inputs(device, dtype, 5, 6, 2, 128, norm, rotary_dim=rotary_dim)
     unfused_inputs = with_cache_copies(inputs)
     assert_same(prepare_qkv(**inputs), unfused_kernels(**unfused_inputs), dtype)
     assert_same(inputs["key_cache"], unfused_inputs["key_cache"], dtype)
@@ -91,7 +95,9 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     (lambda args: dict(slot_mapping=args["slot_mapping"].int()), "slot_mapping"),
     (lambda args: dict(qkv=args["qkv"][:, :4]), "kv heads"),
     (lambda args: dict(key_cache=args["key_cache"].bfloat16()), "dtype"),
-], ids=["one_norm_weight", "int32_slots", "too_few_heads", "cache_dtype"])
+    (lambda args: dict(cos_sin_cache=args["cos_sin_cache"].repeat(1, 2)), "rotary_dim <= head_dim"),
+    (lambda args: dict(cos_sin_cache=args["cos_sin_cache"][:, :31]), "even rotary_dim"),
+], ids=["one_norm_weight", "int32_slots", "too_few_heads", "cache_dtype", "table_wider_than_heads", "odd_table"])
 def test_rejects_bad_inputs(device, change, error):
     inputs = make_inputs(device, torch.float32, 3, 4, 2, 64, norm=True)
     with pytest.raises((ValueError, TypeError), match=error):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from sluice.kernels import rotary_embedding, rotary_embedding_ref
-from sluice.worker.models.rope import build_cos_sin_cache, rope_inv_freq
+from sluice.worker.models.rope import build_cos_sin_cache, rope_frequencies
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -11,9 +11,10 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 5, 123])
-@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 4, 64), (6, 2, 128), (3, 1, 64)])
-def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim):
-    cache = build_cos_sin_cache(head_dim, 4096, 500000.0, LLAMA3_SCALING, dtype).to(device)
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, rotary_dim", [
+    (4, 4, 64, 64), (6, 2, 128, 128), (3, 1, 64, 64), (6, 2, 128, 96), (3, 1, 80, 20)])  # and partial rotaries
+def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim):
+    cache = build_cos_sin_cache(rotary_dim, 4096, 500000.0, LLAMA3_SCALING, dtype).to(device)
     positions = torch.randint(0, 4096, (num_tokens,), device=device)
     # query and key are strided views of one fused qkv output, rotated in place
     qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=device).to(dtype)
@@ -50,7 +51,7 @@ def test_matches_transformers(rope_scaling, head_dim, base, dtype):
         hf_inv_freq, _ = llama.LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     else:
         hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
-    assert torch.equal(rope_inv_freq(head_dim, base, rope_scaling), hf_inv_freq)
+    assert torch.equal(rope_frequencies(head_dim, base, rope_scaling, 131072)[0], hf_inv_freq)
 
     # the table holds exactly the cos/sin HF computes for the same positions, and the ref rotates op for op
     positions = torch.tensor([0, 1, 17, 4095, 100000])
@@ -61,6 +62,40 @@ def test_matches_transformers(rope_scaling, head_dim, base, dtype):
     assert torch.equal(cache[positions, :half], cos[0, :, :half])
     assert torch.equal(cache[positions, half:], sin[0, :, :half])
     hf_q, hf_k = llama.apply_rotary_pos_emb(x, x[:, :2], cos, sin)
+    query, key = x[0].transpose(0, 1).clone(), x[0, :2].transpose(0, 1).clone()  # [tokens, heads, head_dim]
+    rotary_embedding_ref(positions, query, key, cache)
+    assert torch.equal(query, hf_q[0].transpose(0, 1)) and torch.equal(key, hf_k[0].transpose(0, 1))
+
+
+PHI4_MINI_LONG_FACTOR = [  # microsoft/Phi-4-mini-instruct's; its short_factor is all 1.0
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
+    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
+PHI4_MINI_SCALING = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": PHI4_MINI_LONG_FACTOR,
+                     "original_max_position_embeddings": 4096, "factor": 131072 / 4096}
+
+
+@pytest.mark.parametrize("max_position, positions", [(4096, [0, 1, 17, 4095]), (8192, [0, 17, 4096, 8191])],
+                         ids=["short", "long"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_longrope_matches_transformers(max_position, positions, dtype):
+    """Phi-4-mini's LongRoPE with its partial rotary: a table no longer than original_max_position_embeddings holds
+    the cos/sin transformers computes with the short factors, a longer one those of the long factors (transformers
+    switches when a sequence outgrows that length), both times the attention factor; the ref rotates op for op as
+    Phi-3's apply_rotary_pos_emb, leaving the last quarter of each head as it is."""
+    phi3 = pytest.importorskip("transformers.models.phi3.modeling_phi3")
+    hf_config = phi3.Phi3Config(hidden_size=3072, num_attention_heads=24, partial_rotary_factor=0.75,
+                                max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                rope_scaling={"type": "longrope", "short_factor": [1.0] * 48,
+                                              "long_factor": PHI4_MINI_LONG_FACTOR})
+    positions = torch.tensor(positions)
+    x = torch.randn(1, 4, len(positions), 128).to(dtype)
+    cos, sin = phi3.Phi3RotaryEmbedding(hf_config)(x, positions[None])  # the long factors past position 4095
+    cache = build_cos_sin_cache(96, max_position, 10000.0, PHI4_MINI_SCALING, dtype)
+    assert torch.equal(cache[positions, :48], cos[0, :, :48]) and torch.equal(cache[positions, 48:], sin[0, :, :48])
+    hf_q, hf_k = phi3.apply_rotary_pos_emb(x, x[:, :2], cos, sin)
     query, key = x[0].transpose(0, 1).clone(), x[0, :2].transpose(0, 1).clone()  # [tokens, heads, head_dim]
     rotary_embedding_ref(positions, query, key, cache)
     assert torch.equal(query, hf_q[0].transpose(0, 1)) and torch.equal(key, hf_k[0].transpose(0, 1))

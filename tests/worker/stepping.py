@@ -42,7 +42,7 @@ def prompt_logits(engine: WorkerEngine, token_ids: list[int]) -> torch.Tensor:
     kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.kv_cache_dtype,
                                   engine.device)
     device = engine.device
-    cos_sin_cache = build_cos_sin_cache(config.head_dim, n, config.rope_theta, config.rope_scaling,
+    cos_sin_cache = build_cos_sin_cache(config.rotary_dim, n, config.rope_theta, config.rope_scaling,
                                         torch.float32).to(device)
     positions = torch.arange(n, device=device)
     meta = AttentionMetadata(slot_mapping=positions, query_start_loc=torch.tensor([0, n], dtype=torch.int32,

@@ -56,7 +56,7 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def test_piecewise_pass_matches_eager_pass(dtype, tolerance):
     worker = WorkerEngine.load(WorkerConfig(model="Qwen3-0.6B", load_format="dummy", dtype=dtype, device="cuda"))
     model, config = worker.model, worker.model_config
-    cos_sin_cache = build_cos_sin_cache(config.head_dim, 1024, config.rope_theta, config.rope_scaling,
+    cos_sin_cache = build_cos_sin_cache(config.rotary_dim, 1024, config.rope_theta, config.rope_scaling,
                                         torch.float32).cuda()
     eager_caches, graph_caches = (allocate_kv_cache(config, 3 * MAX_BLOCKS, BLOCK_SIZE, worker.kv_cache_dtype,
                                                     torch.device("cuda")) for _ in range(2))

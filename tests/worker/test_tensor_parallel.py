@@ -61,7 +61,7 @@ def _compare_layers(whole: WorkerEngine, sharded: WorkerEngine, is_driver: bool)
 
     x = torch.randn(n, hidden)
     meta, positions = _one_sequence(n), torch.arange(n)
-    cos_sin = build_cos_sin_cache(whole.model_config.head_dim, 64, whole.model_config.rope_theta,
+    cos_sin = build_cos_sin_cache(whole.model_config.rotary_dim, 64, whole.model_config.rope_theta,
                                   whole.model_config.rope_scaling, torch.float32)
     outputs = []
     for engine in (whole, sharded):

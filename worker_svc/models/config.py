@@ -2,7 +2,7 @@
 config.json."""
 from dataclasses import dataclass
 
-from sluice.worker.models.config_fields import check_config_fields, layer_windows
+from sluice.worker.models.config_fields import check_config_fields, layer_windows, rope_type_of
 from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
 
 
@@ -28,6 +28,7 @@ class ModelConfig:
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window in tokens, 0 for full attention (() all full)
+    partial_rotary_factor: float = 1.0  # the share of each head's leading dims that rotary rotates (Phi-4-mini: 0.75)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -38,7 +39,7 @@ class ModelConfig:
         """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py)."""
         check_config_fields(hf)
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_type = rope_type_of(rope)
         eos = hf.get("eos_token_id")
         return cls(
             architecture=hf["architectures"][0],
@@ -51,13 +52,19 @@ class ModelConfig:
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             rms_norm_eps=hf["rms_norm_eps"],
             rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            rope_scaling=None if rope_type == "default" else dict(rope, rope_type=rope_type),
+            rope_scaling=None if rope_type == "default" else _rope_scaling(hf, rope, rope_type),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             moe=moe_config_from_hf(hf),
             layer_windows=layer_windows(hf),
+            partial_rotary_factor=rope.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0,
         )
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head that rotary rotates (int(head_dim * partial_rotary_factor), as transformers)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def has_experts(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.sparse_layers
@@ -71,3 +78,17 @@ class ModelConfig:
     def sliding_window(self, layer: int) -> int:
         """The layer's sliding window in tokens; 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+
+def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict:
+    """The rope dict with its type, and for longrope the pretraining length (Phi-3 keeps it beside the dict, where
+    transformers takes it first) and the factor its attention factor follows (max over pretraining length unless the
+    dict gives one)."""
+    scaling = dict(rope, rope_type=rope_type)
+    if rope_type == "longrope":
+        original = hf.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") \
+            or hf["max_position_embeddings"]
+        scaling["original_max_position_embeddings"] = original
+        if scaling.get("factor") is None:
+            scaling["factor"] = hf["max_position_embeddings"] / original
+    return scaling

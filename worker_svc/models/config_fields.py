@@ -4,7 +4,7 @@ or a rope type they do not implement is refused at start, naming the field)."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.worker.models.registry import ARCHITECTURES
+from sluice.worker.models.registry import ARCHITECTURES, ArchitectureTraits
 
 HONOURED = frozenset({
     "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -19,20 +19,36 @@ NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the co
     "output_attentions", "output_hidden_states", "is_encoder_decoder", "chunk_size_feed_forward",
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp",
 })
-_ROPE_TYPES = ("default", "llama3")
+_ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's first configs name LongRoPE "su"
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(slots=True, frozen=True)
 class Requirement:
     holds: Callable[[object, dict], bool]  # (the field's value, the whole config)
-    supported: str  # what the models compute, for the message
+    supported: str  # what the models compute, for the message ({rope_types}: the architecture's)
 
 
-def _rope_type(value, hf: dict) -> bool:
-    return value is None or value.get("rope_type", value.get("type", "default")) in _ROPE_TYPES
+def rope_type_of(rope: dict) -> str:
+    """The rope type a config's rope_scaling or rope_parameters dict names, "default" where it names none."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
 
 
+def _traits(hf: dict) -> ArchitectureTraits:
+    return ARCHITECTURES[hf["architectures"][0]]
+
+
+def _whole_heads_rotate(value, hf: dict) -> bool:
+    return value in (None, 1.0) or _traits(hf).partial_rotary
+
+
+def _rope(value, hf: dict) -> bool:
+    return value is None or (rope_type_of(value) in _traits(hf).rope_types
+                             and _whole_heads_rotate(value.get("partial_rotary_factor"), hf))
+
+
+_ROPE_SUPPORTED = "rope_type {rope_types} (partial_rotary_factor 1.0 unless the architecture rotates partial heads)"
 REQUIRED: dict[str, Requirement] = {
     "hidden_act": Requirement(lambda value, hf: value == "silu", "silu"),
     "attention_bias": Requirement(lambda value, hf: not value, "false (biased attention projections)"),
@@ -41,9 +57,9 @@ REQUIRED: dict[str, Requirement] = {
     "layer_types": Requirement(lambda value, hf: set(value or ()) <= set(_LAYER_TYPES),
                                f"layers of types {' and '.join(_LAYER_TYPES)}"),
     "clip_qkv": Requirement(lambda value, hf: value is None, "null (clipped q, k and v)"),
-    "partial_rotary_factor": Requirement(lambda value, hf: value in (None, 1.0), "1.0 (partial rotary embeddings)"),
-    "rope_scaling": Requirement(_rope_type, f"rope_type {' or '.join(_ROPE_TYPES)}"),
-    "rope_parameters": Requirement(_rope_type, f"rope_type {' or '.join(_ROPE_TYPES)}"),
+    "partial_rotary_factor": Requirement(_whole_heads_rotate, "1.0 (partial rotary embeddings)"),
+    "rope_scaling": Requirement(_rope, _ROPE_SUPPORTED),
+    "rope_parameters": Requirement(_rope, _ROPE_SUPPORTED),
 }
 
 
@@ -53,10 +69,11 @@ def check_config_fields(hf: dict) -> None:
     architecture = (hf.get("architectures") or ["(none)"])[0]
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(ARCHITECTURES)}")
+    rope_types = " or ".join(ARCHITECTURES[architecture].rope_types)
     for name, requirement in REQUIRED.items():
         if name in hf and not requirement.holds(hf[name], hf):
             raise ValueError(f"{architecture}: config.json sets {name} = {hf[name]!r}, which the worker does not "
-                             f"implement; it supports {requirement.supported}")
+                             f"implement; it supports {requirement.supported.format(rope_types=rope_types)}")
 
 
 def layer_windows(hf: dict) -> tuple[int, ...]:

@@ -55,7 +55,8 @@ class TorchOps:
     @classmethod
     def rotated_qkv(cls, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
                     num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v heads as attention takes them: q and k normed (with per-head norms) and rotated."""
+        """q, k and v heads as attention takes them: q and k normed (with per-head norms) and rotated in their first
+        cos_sin_cache.shape[1] dims (all, or a partial rotary's)."""
         q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
         if q_norm_weight is not None:
             q, k = cls.rms_norm(q, q_norm_weight, eps), cls.rms_norm(k, k_norm_weight, eps)
@@ -166,5 +167,9 @@ def _values(cached: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return (x * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+    """x's first cos.shape[-1] dims rotated (rotate-half among them), its other dims as they are."""
+    rotary_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    rotated = (x_rot * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+    return torch.cat([rotated, x_pass], -1) if x_pass.shape[-1] else rotated
