@@ -43,11 +43,10 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     for layer in range(config.num_layers):
         p = f"model.layers.{layer}."
         shapes |= {
-            f"{p}self_attn.q_proj.weight": (q_size, hidden),
-            f"{p}self_attn.k_proj.weight": (kv_size, hidden),
-            f"{p}self_attn.v_proj.weight": (kv_size, hidden),
+            **_qkv_shapes(config, traits, f"{p}self_attn."),
             f"{p}self_attn.o_proj.weight": (hidden, q_size),
-            **(_moe_shapes(config, traits, p) if config.has_experts(layer) else _mlp_shapes(config, f"{p}mlp.")),
+            **(_moe_shapes(config, traits, p) if config.has_experts(layer) else
+               _mlp_shapes(config, f"{p}mlp.", fused=traits.fused_checkpoint)),
             f"{p}input_layernorm.weight": (hidden,),
             f"{p}post_attention_layernorm.weight": (hidden,),
         }
@@ -61,12 +60,22 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _qkv_shapes(config: ModelConfig, traits: ArchitectureTraits, prefix: str) -> dict:
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_size, kv_size = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    if traits.fused_checkpoint:
+        return {f"{prefix}qkv_proj.weight": (q_size + 2 * kv_size, hidden)}
+    return {f"{prefix}q_proj.weight": (q_size, hidden), f"{prefix}k_proj.weight": (kv_size, hidden),
+            f"{prefix}v_proj.weight": (kv_size, hidden)}
+
+
 def _mlp_shapes(config: ModelConfig, prefix: str, intermediate_size: int | None = None,
-                projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict:
+                projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), fused: bool = False) -> dict:
     hidden, intermediate = config.hidden_size, intermediate_size or config.intermediate_size
     gate, up, down = projections
-    return {f"{prefix}{gate}.weight": (intermediate, hidden), f"{prefix}{up}.weight": (intermediate, hidden),
-            f"{prefix}{down}.weight": (hidden, intermediate)}
+    gate_up = {f"{prefix}gate_up_proj.weight": (2 * intermediate, hidden)} if fused else \
+        {f"{prefix}{gate}.weight": (intermediate, hidden), f"{prefix}{up}.weight": (intermediate, hidden)}
+    return {**gate_up, f"{prefix}{down}.weight": (hidden, intermediate)}
 
 
 def _moe_shapes(config: ModelConfig, traits: ArchitectureTraits, layer_prefix: str) -> dict:

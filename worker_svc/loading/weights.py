@@ -13,14 +13,10 @@ from sluice.worker.loading.fp8_checkpoint import (activation_absmax_bound, check
 from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channel_scales
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
-from sluice.worker.models.shard_layout import ShardLayout, pad_shard
+from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
 
 log = logging.getLogger("sluice.worker")
 _BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names
-_FUSED = {
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
 
 
 def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1,
@@ -62,12 +58,12 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                     continue
                 if not layout.holds(name):
                     continue
-                part, piece = file.get_slice(name), layout.slice_of(name)
-                if piece is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
+                part, pieces = file.get_slice(name), layout.pieces_of(name)
+                if pieces is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
                     state[name] = file.get_tensor(name)
                 else:
-                    index = (slice(None),) * piece.dim + (slice(piece.start, piece.stop),)
-                    state[name] = pad_shard(part[index], piece)
+                    state[name] = gather_pieces(
+                        lambda piece: part[(slice(None),) * piece.dim + (slice(piece.start, piece.stop),)], pieces)
     if not state:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     return config, to_worker_layout(state, config)
@@ -104,8 +100,8 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
         prefix = f"layers.{layer}."
         if config.has_experts(layer):
             stack_experts(state, prefix, traits_for(config.architecture), config.moe.num_experts)
-        for fused, parts in _FUSED.items():
-            if f"{prefix}{parts[0]}.weight" not in state:  # an MoE layer has no dense MLP
+        for fused, parts in FUSED_PROJECTIONS.items():
+            if f"{prefix}{parts[0]}.weight" not in state:  # published fused, or an MoE layer's (no dense MLP)
                 continue
             _check_one_precision(state, prefix, parts)
             for kind in ("weight", "weight_scale", "bias"):

@@ -63,7 +63,7 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """The leading dims of each head that rotary rotates (int(head_dim * partial_rotary_factor), as transformers)."""
+        """The leading dims of each head that rotary rotates: int(head_dim * partial_rotary_factor), as transformers."""
         return int(self.head_dim * self.partial_rotary_factor)
 
     def has_experts(self, layer: int) -> bool:

@@ -12,6 +12,7 @@ class ArchitectureTraits:
     qk_projection_norm: bool = False  # RMSNorm of the whole q and k projections, across the heads (OLMoE)
     expert_prefix: str = "mlp"  # where a checkpoint's MoE layer is: its router `gate` and its `experts`
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's, as named there
+    fused_checkpoint: bool = False  # the checkpoint publishes q/k/v as one qkv_proj, gate/up as one gate_up_proj
     rope_types: tuple[str, ...] = ("default", "llama3")  # the rope_scaling types its transformers module computes
     partial_rotary: bool = False  # partial_rotary_factor: rotary embeddings of each head's leading dims only
 

@@ -1,7 +1,9 @@
 """Which slice of every weight one tensor-parallel rank holds (Megatron-style).
 
 Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head
-by vocabulary. Row-parallel (input columns split): o by q heads, down by the intermediate size. An FP8 weight's
+by vocabulary; a projection the checkpoint publishes fused (Phi-3's qkv_proj and gate_up_proj) as each of its parts,
+the rank's q, k and v rows (gate and up rows) in order. Row-parallel (input columns split): o by q heads, down by the
+intermediate size. An FP8 weight's
 scale, one per output row, is split with a column-parallel weight's rows and kept whole with a row-parallel one.
 Norms are replicated (q/k norms are per head_dim, so every rank's heads share them), but for norms of a whole q or k
 projection, split with its heads. With fewer KV heads than ranks, each KV head is replicated on the ranks whose q heads
@@ -10,6 +12,7 @@ places whole experts on the ranks; the router is replicated, a shared expert spl
 """
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +26,11 @@ _INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _SHARED_EXPERT_ROWS = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+FUSED_PROJECTIONS = {  # the worker's fused projections, and their parts as checkpoints publish them apart
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+_FUSED_KINDS = (".weight", ".weight_scale", ".bias")
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,6 +119,36 @@ class ShardLayout:
         expert = _EXPERT.search(name)
         return expert is None or int(expert.group(1)) in self.experts
 
+    def pieces_of(self, name: str) -> tuple[ShardSlice, ...] | None:
+        """The rank's slices of a Hugging Face-named weight, in order: one, or for a projection the checkpoint
+        publishes fused, one per part (q, k, v or gate, up); None if every rank holds all of it."""
+        if self.world_size == 1:
+            return None
+        parts = self._fused_parts(name)
+        if parts is None:
+            piece = self.slice_of(name)
+            return None if piece is None else (piece,)
+        pieces, first_row = [], 0
+        for part, rows in parts:
+            piece = self.slice_of(part)
+            pieces.append(dataclasses.replace(piece, start=first_row + piece.start, stop=first_row + piece.stop))
+            first_row += rows
+        return tuple(pieces)
+
+    def _fused_parts(self, name: str) -> list[tuple[str, int]] | None:
+        """Each part of a projection the checkpoint publishes fused (of its weight, scale or bias): its name as
+        published apart, and its rows in the whole model. None for another weight."""
+        config = self.config
+        q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        rows = {"self_attn.q_proj": q_rows, "self_attn.k_proj": kv_rows, "self_attn.v_proj": kv_rows,
+                "mlp.gate_proj": config.intermediate_size, "mlp.up_proj": config.intermediate_size}
+        for fused, parts in FUSED_PROJECTIONS.items():
+            for kind in _FUSED_KINDS:
+                if name.endswith(f"{fused}{kind}"):
+                    prefix = name.removesuffix(f"{fused}{kind}")
+                    return [(f"{prefix}{part}{kind}", rows[part]) for part in parts]
+        return None
+
     def slice_of(self, name: str) -> ShardSlice | None:
         """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
         if self.world_size == 1:
@@ -153,14 +191,21 @@ class ShardLayout:
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rank's part of a whole weight, as its own tensor."""
-        piece = self.slice_of(name)
-        if piece is None:
+        pieces = self.pieces_of(name)
+        if pieces is None:
             return tensor
-        return pad_shard(tensor.narrow(piece.dim, piece.start, piece.stop - piece.start).clone(), piece)
+        return gather_pieces(lambda piece: tensor.narrow(piece.dim, piece.start, piece.stop - piece.start).clone(),
+                             pieces)
 
 
 def _split(size: int, rank: int, world_size: int) -> range:
     return range(rank * size // world_size, (rank + 1) * size // world_size)
+
+
+def gather_pieces(read: Callable[[ShardSlice], torch.Tensor], pieces: tuple[ShardSlice, ...]) -> torch.Tensor:
+    """The rank's shard of a weight: its pieces, each read and padded, joined along their dim."""
+    shards = [pad_shard(read(piece), piece) for piece in pieces]
+    return shards[0] if len(shards) == 1 else torch.cat(shards, dim=pieces[0].dim)
 
 
 def pad_shard(tensor: torch.Tensor, piece: ShardSlice) -> torch.Tensor:
