@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from sluice.kernels import rotary_embedding, rotary_embedding_ref
+from sluice.worker.loading.shapes import PHI4_MINI_LONG_FACTOR
 from sluice.worker.models.rope import build_cos_sin_cache, rope_frequencies
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -67,12 +68,6 @@ def test_matches_transformers(rope_scaling, head_dim, base, dtype):
     assert torch.equal(query, hf_q[0].transpose(0, 1)) and torch.equal(key, hf_k[0].transpose(0, 1))
 
 
-PHI4_MINI_LONG_FACTOR = [  # microsoft/Phi-4-mini-instruct's; its short_factor is all 1.0
-    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
-    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
-    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
-    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
-    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
 PHI4_MINI_SCALING = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": PHI4_MINI_LONG_FACTOR,
                      "original_max_position_embeddings": 4096, "factor": 131072 / 4096}
 

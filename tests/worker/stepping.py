@@ -10,11 +10,12 @@ from sluice.worker.runner.kv_cache import allocate_kv_cache
 BLOCK_SIZE = 16
 
 
-def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: int, chunk: int) -> list[list[int]]:
+def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: int, chunk: int,
+               max_model_len: int = 8192) -> list[list[int]]:
     """Prefills every prompt in chunks of `chunk` tokens, all requests in one batch, then decodes together. The plans
     do not depend on the sampled tokens, so every rank of a tensor-parallel group can run them (only the driver's
     outcomes carry tokens; the others' lists stay empty)."""
-    engine.init_cache(BLOCK_SIZE, 64 * len(prompts))
+    engine.init_cache(BLOCK_SIZE, 64 * len(prompts), max_model_len=max_model_len)
     requests = {f"r{i}": list(p) for i, p in enumerate(prompts)}
     blocks = {rid: list(range(i * 64, (i + 1) * 64)) for i, rid in enumerate(requests)}
     num_tokens = {rid: len(tokens) for rid, tokens in requests.items()}

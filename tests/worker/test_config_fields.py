@@ -1,5 +1,7 @@
 """Every config field of the supported architectures is read, of no effect, or checked: a new field cannot be ignored
 in silence. What no module computes is refused at start, naming the field, the weight or the architecture."""
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -8,11 +10,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from sluice.worker.config import WorkerConfig
 from sluice.worker.loading.dummy_weights import random_state_dict
 from sluice.worker.loading.model_loader import ModelLoader
+from sluice.worker.loading.shapes import shape_config
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.config_fields import HONOURED, NO_EFFECT, REQUIRED
 from sluice.worker.models.registry import ARCHITECTURES
 from tests.worker.test_model_families import _TINY, FAMILIES
+from tests.worker.test_phi3_family import TINY_PHI3
 
 MODEL_TYPES = {architecture: model_type for model_type, architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
 
@@ -33,13 +37,18 @@ def test_transformers_defaults_are_served(architecture):
                                         "false (biased attention projections)"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
     ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "it supports rope_type default or llama3"),
+    ("llama", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
+     "it supports rope_type default or llama3"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5"),
+    ("phi3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 64}}, "it supports rope_type default or longrope"),
     ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layers of types full_attention and "
                                                                          "sliding_attention"),
-    ("llama", {"architectures": ["Phi3ForCausalLM"]}, "unsupported architecture 'Phi3ForCausalLM'; supported: ["),
+    ("llama", {"architectures": ["PhimoeForCausalLM"]}, "unsupported architecture 'PhimoeForCausalLM'; supported: ["),
 ])
 def test_an_unimplemented_option_is_refused_by_name(family, fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        ModelConfig.from_hf({**_TINY, **FAMILIES[family], **fields})
+        ModelConfig.from_hf({**_TINY, **{**FAMILIES, "phi3": TINY_PHI3}[family], **fields})
 
 
 def test_olmoe_clip_qkv_is_refused():
@@ -55,6 +64,24 @@ def test_layer_windows_follow_transformers(family, windows):
     assert ModelConfig.from_hf(hf_config).layer_windows == windows
     saved = AutoConfig.for_model(**hf_config).to_dict()  # with the layer_types transformers writes
     assert ModelConfig.from_hf(saved).layer_windows == windows
+
+
+def test_phi_shapes_read_as_transformers_computes_them():
+    """Phi-4-mini: 96 of each head's 128 dims rotate, LongRoPE past its 4096 pretraining positions with the attention
+    factor of 131072 / 4096, no window (262144 outlasts the context); Phi-3-mini-4k: its window in every layer."""
+    phi4_mini = ModelConfig.from_hf(shape_config("Phi-4-mini"))
+    assert (phi4_mini.head_dim, phi4_mini.rotary_dim, phi4_mini.tie_word_embeddings) == (128, 96, True)
+    assert phi4_mini.rope_scaling["rope_type"] == "longrope" and phi4_mini.layer_windows == ()
+    assert phi4_mini.rope_scaling["original_max_position_embeddings"] == 4096 and phi4_mini.rope_scaling["factor"] == 32
+    phi3_mini = ModelConfig.from_hf(shape_config("Phi-3-mini-4k"))
+    assert phi3_mini.rotary_dim == 96 and phi3_mini.rope_scaling is None and phi3_mini.layer_windows == (2047,) * 32
+    saved = ModelConfig.from_hf(AutoConfig.for_model(**shape_config("Phi-4-mini")).to_dict()
+                                | {"architectures": ["Phi3ForCausalLM"]})  # as transformers writes it
+    assert dataclasses.replace(saved, rope_scaling=None) == dataclasses.replace(phi4_mini, rope_scaling=None)
+    assert all(saved.rope_scaling[key] == phi4_mini.rope_scaling[key]
+               for key in ("rope_type", "short_factor", "long_factor", "original_max_position_embeddings", "factor"))
+    su = {**shape_config("Phi-4-mini"), "rope_scaling": {**shape_config("Phi-4-mini")["rope_scaling"], "type": "su"}}
+    assert ModelConfig.from_hf(su).rope_scaling["rope_type"] == "longrope"  # the first Phi-3 configs' name
 
 
 def test_an_unexpected_or_missing_weight_is_named():

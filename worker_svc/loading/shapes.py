@@ -10,6 +10,13 @@ def _llama3_scaling(factor: float) -> dict:
             "original_max_position_embeddings": 8192}
 
 
+PHI4_MINI_LONG_FACTOR = [  # microsoft/Phi-4-mini-instruct's config.json: rope_scaling.long_factor (short_factor: 1.0s)
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
+    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
+
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
@@ -81,6 +88,21 @@ SHAPES: dict[str, dict] = {
         "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 50304,
         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False,
         "eos_token_id": 50279,
+    },
+    "Phi-4-mini": {  # microsoft/Phi-4-mini-instruct
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096, "sliding_window": 262144, "tie_word_embeddings": True,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": PHI4_MINI_LONG_FACTOR},
+        "eos_token_id": 199999,
+    },
+    "Phi-3-mini-4k": {  # microsoft/Phi-3-mini-4k-instruct
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rope_scaling": None, "sliding_window": 2047,
+        "tie_word_embeddings": False, "eos_token_id": 32000,
     },
 }
 

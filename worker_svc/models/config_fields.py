@@ -12,12 +12,14 @@ HONOURED = frozenset({
     "tie_word_embeddings", "eos_token_id", "quantization_config", "num_experts", "num_local_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "sliding_window", "use_sliding_window", "max_window_layers",
+    "original_max_position_embeddings",
 })
 NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the computation does not read them
     "_name_or_path", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache", "initializer_range",
     "attention_dropout", "bos_token_id", "pad_token_id", "id2label", "label2id", "problem_type", "return_dict",
     "output_attentions", "output_hidden_states", "is_encoder_decoder", "chunk_size_feed_forward",
-    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp",
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp", "embd_pdrop",
+    "resid_pdrop",
 })
 _ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's first configs name LongRoPE "su"
 _LAYER_TYPES = ("full_attention", "sliding_attention")

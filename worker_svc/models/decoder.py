@@ -1,5 +1,5 @@
-"""One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and the mixtures of
-experts Qwen2-MoE, Qwen3-MoE, Mixtral and OLMoE) over a paged KV cache.
+"""One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3, and the
+mixtures of experts Qwen2-MoE, Qwen3-MoE, Mixtral and OLMoE) over a paged KV cache.
 
 Tokens of all sequences in a step are flattened into one batch: [num_tokens, hidden]. Operators come from an injected
 `ops` object (plain torch on the CPU, Triton kernels on a GPU), so the same module code serves both paths.

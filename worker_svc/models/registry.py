@@ -26,6 +26,8 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "Qwen3MoeForCausalLM": ArchitectureTraits(qk_norm=True),
     "MixtralForCausalLM": ArchitectureTraits(expert_prefix="block_sparse_moe", expert_projections=("w1", "w3", "w2")),
     "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
+    "Phi3ForCausalLM": ArchitectureTraits(fused_checkpoint=True, rope_types=("default", "longrope"),
+                                          partial_rotary=True),
 }
 
 

@@ -1,0 +1,44 @@
+"""Phi-3 served through the real services (random weights published as Phi-3 publishes them, q/k/v and gate/up
+fused; token ids in and out): Phi-4-mini's partial rotary, tied embeddings and LongRoPE below its switch (a max model
+length within original_max_position_embeddings), and Phi-3's LongRoPE past it (prompts longer than that), give
+Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on
+one worker and at -tp 2 (each rank reading its heads' rows of the fused projections)."""
+import pytest
+import torch
+
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.services import running_services
+from tests.worker.test_moe_families import lively_state
+from tests.worker.test_phi3_family import ORIGINAL_MAX, PHI3_FAMILIES, TINY_PHI3
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+SERVED = {  # the config, and the scheduler's flags
+    "phi4-mini": (PHI3_FAMILIES["phi4-mini"], ["--max-model-len", str(ORIGINAL_MAX)]),  # every request below it
+    "phi3-longrope": ({**PHI3_FAMILIES["phi3-longrope"], "original_max_position_embeddings": 16}, []),  # 22 > 16
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    built = {}
+    for family, (options, _) in SERVED.items():
+        folder = tmp_path_factory.mktemp(family)
+        hf_config = {**TINY_PHI3, **options}
+        save_file(lively_state(hf_config), folder / "model.safetensors")
+        AutoConfig.for_model(**hf_config).save_pretrained(folder)
+        built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return built
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])
+@pytest.mark.parametrize("family", sorted(SERVED))
+def test_served_phi3_matches_hf(checkpoints, family, tensor_parallel_size):
+    folder, hf = checkpoints[family]
+    with running_services(folder, SMALL_POOL + SERVED[family][1], router_args=["--no-tokenizer"],
+                          tensor_parallel_size=tensor_parallel_size) as services:
+        assert_matches_alone_and_together(services, hf, PROMPTS)
