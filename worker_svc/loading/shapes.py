@@ -54,6 +54,12 @@ SHAPES: dict[str, dict] = {
         "head_dim": 128, "vocab_size": 32768, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
     },
+    "Mistral-7B-v0.1": {  # a sliding window of 4,096 tokens in every layer
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 32000, "rope_theta": 10_000.0, "rms_norm_eps": 1e-5, "sliding_window": 4096,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
+    },
     "Qwen3-30B-A3B": {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
