@@ -19,7 +19,7 @@ NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the co
     "output_attentions", "output_hidden_states", "is_encoder_decoder", "chunk_size_feed_forward",
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp",
 })
-_ROPE_TYPES = ("default", "llama3")
+_ROPE_TYPES = ("default", "llama3", "yarn")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
