@@ -90,9 +90,8 @@ def checkpoints(tmp_path_factory) -> dict:
                                                       ("mxfp4", packed, dequantized, MXFP4)):
         folder = tmp_path_factory.mktemp(layout)
         save_file(tensors, folder / "model.safetensors")
-        config = AutoConfig.for_model(**TINY_GPT_OSS).to_dict()
-        AutoConfig.for_model(**config, **({"quantization_config": quantization} if quantization else {})) \
-            .save_pretrained(folder)
+        quantized = {"quantization_config": quantization} if quantization else {}
+        AutoConfig.for_model(**TINY_GPT_OSS, **quantized).save_pretrained(folder)
         built[layout] = folder, _hf_model(TINY_GPT_OSS, hf_state)
     return built
 
@@ -149,7 +148,7 @@ def test_sharded_gpt_oss_matches_the_whole_model(checkpoints):
     run_on_ranks(_check_sharded_rank, 2, {layout: (folder, None) for layout, (folder, _) in checkpoints.items()})
 
 
-def test_triton_kernels_and_expert_parallelism_are_refused():
+def test_triton_kernels_expert_parallelism_and_unbiased_attention_are_refused():
     config = ModelConfig.from_hf(TINY_GPT_OSS)
     state = to_worker_layout(gpt_oss_state(), config)
     with pytest.raises(ValueError, match=r"GptOssForCausalLM needs attention sinks in the Triton attention kernels, "
@@ -158,3 +157,5 @@ def test_triton_kernels_and_expert_parallelism_are_refused():
         ModelLoader(WorkerConfig(model="gpt-oss", kernels="triton")).build(config, state)
     with pytest.raises(ValueError, match="expert parallelism is not implemented for GptOssForCausalLM"):
         ShardLayout(config, 0, 2, expert_parallel=True)
+    with pytest.raises(ValueError, match="GptOssForCausalLM: config.json sets attention_bias = False"):
+        ModelConfig.from_hf({**TINY_GPT_OSS, "attention_bias": False})
