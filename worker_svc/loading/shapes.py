@@ -10,6 +10,10 @@ def _llama3_scaling(factor: float) -> dict:
             "original_max_position_embeddings": 8192}
 
 
+def _alternating_windows(num_layers: int) -> list[str]:
+    return ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(num_layers)]
+
+
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
@@ -87,6 +91,15 @@ SHAPES: dict[str, dict] = {
         "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 50304,
         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False,
         "eos_token_id": 50279,
+    },
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088, "sliding_window": 128,
+        "layer_types": _alternating_windows(24), "attention_bias": True, "swiglu_limit": 7.0, "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "eos_token_id": 200002,
     },
 }
 

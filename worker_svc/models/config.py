@@ -51,7 +51,7 @@ class ModelConfig:
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             rms_norm_eps=hf["rms_norm_eps"],
             rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            rope_scaling=None if rope_type == "default" else dict(rope, rope_type=rope_type),
+            rope_scaling=_rope_scaling(hf, rope, rope_type),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -71,3 +71,16 @@ class ModelConfig:
     def sliding_window(self, layer: int) -> int:
         """The layer's sliding window in tokens; 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+
+def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict | None:
+    """The config's rope scaling (None for plain rope), with the pretraining context transformers assumes where the
+    config leaves it out: the model's."""
+    if rope_type == "default":
+        return None
+    scaling = dict(rope, rope_type=rope_type)
+    if rope_type in ("llama3", "yarn"):
+        scaling.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+    if rope_type == "yarn" and scaling.get("factor") is None:
+        scaling["factor"] = hf["max_position_embeddings"] / scaling["original_max_position_embeddings"]
+    return scaling

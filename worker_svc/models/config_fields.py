@@ -4,7 +4,7 @@ or a rope type they do not implement is refused at start, naming the field)."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.worker.models.registry import ARCHITECTURES
+from sluice.worker.models.registry import ARCHITECTURES, traits_for
 
 HONOURED = frozenset({
     "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -12,6 +12,7 @@ HONOURED = frozenset({
     "tie_word_embeddings", "eos_token_id", "quantization_config", "num_experts", "num_local_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "sliding_window", "use_sliding_window", "max_window_layers",
+    "swiglu_alpha", "swiglu_limit",
 })
 NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the computation does not read them
     "_name_or_path", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache", "initializer_range",
@@ -19,7 +20,7 @@ NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the co
     "output_attentions", "output_hidden_states", "is_encoder_decoder", "chunk_size_feed_forward",
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp",
 })
-_ROPE_TYPES = ("default", "llama3")
+_ROPE_TYPES = ("default", "llama3", "yarn")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -33,9 +34,15 @@ def _rope_type(value, hf: dict) -> bool:
     return value is None or value.get("rope_type", value.get("type", "default")) in _ROPE_TYPES
 
 
+def _attention_bias(value, hf: dict) -> bool:
+    """Biased q, k, v and o projections where the architecture's module has them (gpt-oss), none elsewhere."""
+    return bool(value) == traits_for(hf["architectures"][0]).o_bias
+
+
 REQUIRED: dict[str, Requirement] = {
     "hidden_act": Requirement(lambda value, hf: value == "silu", "silu"),
-    "attention_bias": Requirement(lambda value, hf: not value, "false (biased attention projections)"),
+    "attention_bias": Requirement(_attention_bias, "false (biased attention projections), but true for "
+                                                   "GptOssForCausalLM"),
     "mlp_bias": Requirement(lambda value, hf: not value, "false (biased MLP projections)"),
     "qkv_bias": Requirement(lambda value, hf: value is True, "true (Qwen2-MoE's biased q, k and v)"),
     "layer_types": Requirement(lambda value, hf: set(value or ()) <= set(_LAYER_TYPES),
