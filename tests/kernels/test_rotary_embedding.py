@@ -8,6 +8,13 @@ from sluice.worker.models.rope import build_cos_sin_cache, rope_frequencies
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
+YARN_SCALINGS = {  # gpt-oss's, Qwen's (truncated correction range, default betas), and one with mscales (DeepSeek)
+    "yarn-gpt-oss": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                     "original_max_position_embeddings": 4096},
+    "yarn-qwen": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
+                    "original_max_position_embeddings": 4096},
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,7 +46,8 @@ def test_int32_positions_and_position_zero(device):
     torch.testing.assert_close(key, k0)
 
 
-@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING], ids=["default", "llama3"])
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING, *YARN_SCALINGS.values()],
+                         ids=["default", "llama3", *YARN_SCALINGS])
 @pytest.mark.parametrize("head_dim, base", [(64, 10000.0), (128, 500000.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_transformers(rope_scaling, head_dim, base, dtype):
@@ -51,10 +59,11 @@ def test_matches_transformers(rope_scaling, head_dim, base, dtype):
     if rope_scaling is None:
         hf_inv_freq, _ = llama.LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     else:
-        hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+        hf_inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_scaling["rope_type"]](config)
     assert torch.equal(rope_frequencies(head_dim, base, rope_scaling, 131072)[0], hf_inv_freq)
 
-    # the table holds exactly the cos/sin HF computes for the same positions, and the ref rotates op for op
+    # the table holds exactly the cos/sin HF computes for the same positions (YaRN's attention factor included), and
+    # the ref rotates op for op
     positions = torch.tensor([0, 1, 17, 4095, 100000])
     x = torch.randn(1, 4, len(positions), head_dim).to(dtype)  # HF layout [batch, heads, tokens, head_dim]
     cos, sin = llama.LlamaRotaryEmbedding(config)(x, positions[None])

@@ -36,9 +36,10 @@ def test_transformers_defaults_are_served(architecture):
     ("llama", {"attention_bias": True}, "attention_bias = True, which the worker does not implement; it supports "
                                         "false (biased attention projections)"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
-    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "it supports rope_type default or llama3"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "it supports rope_type default or llama3 "
+                                                                          "or yarn"),
     ("llama", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
-     "it supports rope_type default or llama3"),
+     "it supports rope_type default or llama3 or yarn"),
     ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor = 0.5"),
     ("phi3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 64}}, "it supports rope_type default or longrope"),

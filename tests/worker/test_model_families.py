@@ -21,6 +21,8 @@ FAMILIES = {
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": None},
     "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "tie_word_embeddings": True},
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+    "qwen2-yarn": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                   "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
     # windows shorter than the longer prompts: in every layer (Mistral v0.1), in the layers past max_window_layers
     "mistral-window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 7},
     "qwen2-window": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": True,

@@ -2,6 +2,7 @@
 import torch
 
 from sluice.worker.loading.shapes import shape_config
+from sluice.worker.loading.stacked_experts import stacked_expert_shapes
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
@@ -45,14 +46,17 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes |= {
             **_qkv_shapes(config, traits, f"{p}self_attn."),
             f"{p}self_attn.o_proj.weight": (hidden, q_size),
-            **(_moe_shapes(config, traits, p) if config.has_experts(layer) else
-               _mlp_shapes(config, f"{p}mlp.", fused=traits.fused_checkpoint)),
+            **_layer_mlp_shapes(config, traits, layer, p),
             f"{p}input_layernorm.weight": (hidden,),
             f"{p}post_attention_layernorm.weight": (hidden,),
         }
         if traits.qkv_bias:
             shapes |= {f"{p}self_attn.q_proj.bias": (q_size,), f"{p}self_attn.k_proj.bias": (kv_size,),
                        f"{p}self_attn.v_proj.bias": (kv_size,)}
+        if traits.o_bias:
+            shapes[f"{p}self_attn.o_proj.bias"] = (hidden,)
+        if traits.attention_sinks:
+            shapes[f"{p}self_attn.sinks"] = (config.num_heads,)
         if traits.qk_norm:
             shapes |= {f"{p}self_attn.q_norm.weight": (head_dim,), f"{p}self_attn.k_norm.weight": (head_dim,)}
         if traits.qk_projection_norm:
@@ -67,6 +71,12 @@ def _qkv_shapes(config: ModelConfig, traits: ArchitectureTraits, prefix: str) ->
         return {f"{prefix}qkv_proj.weight": (q_size + 2 * kv_size, hidden)}
     return {f"{prefix}q_proj.weight": (q_size, hidden), f"{prefix}k_proj.weight": (kv_size, hidden),
             f"{prefix}v_proj.weight": (kv_size, hidden)}
+
+
+def _layer_mlp_shapes(config: ModelConfig, traits: ArchitectureTraits, layer: int, prefix: str) -> dict:
+    if not config.has_experts(layer):
+        return _mlp_shapes(config, f"{prefix}mlp.", fused=traits.fused_checkpoint)
+    return stacked_expert_shapes(config, prefix) if traits.stacked_experts else _moe_shapes(config, traits, prefix)
 
 
 def _mlp_shapes(config: ModelConfig, prefix: str, intermediate_size: int | None = None,

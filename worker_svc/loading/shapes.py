@@ -10,12 +10,17 @@ def _llama3_scaling(factor: float) -> dict:
             "original_max_position_embeddings": 8192}
 
 
+def _alternating_windows(num_layers: int) -> list[str]:
+    return ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(num_layers)]
+
+
 PHI4_MINI_LONG_FACTOR = [  # microsoft/Phi-4-mini-instruct's config.json: rope_scaling.long_factor (short_factor: 1.0s)
     1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
     2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
     6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
     16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
     32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
+
 
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": {
@@ -61,6 +66,12 @@ SHAPES: dict[str, dict] = {
         "head_dim": 128, "vocab_size": 32768, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
     },
+    "Mistral-7B-v0.1": {  # a sliding window of 4,096 tokens in every layer
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 32000, "rope_theta": 10_000.0, "rms_norm_eps": 1e-5, "sliding_window": 4096,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "eos_token_id": 2,
+    },
     "Qwen3-30B-A3B": {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
@@ -88,6 +99,15 @@ SHAPES: dict[str, dict] = {
         "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 50304,
         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "tie_word_embeddings": False,
         "eos_token_id": 50279,
+    },
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088, "sliding_window": 128,
+        "layer_types": _alternating_windows(24), "attention_bias": True, "swiglu_limit": 7.0, "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "eos_token_id": 200002,
     },
     "Phi-4-mini": {  # microsoft/Phi-4-mini-instruct
         "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,

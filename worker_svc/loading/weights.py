@@ -1,5 +1,5 @@
-"""Weights from a Hugging Face folder (config.json + safetensors, pre-quantized FP8 included) or a GGUF file, renamed
-to the worker's layout."""
+"""Weights from a Hugging Face folder (config.json + safetensors, pre-quantized FP8 and MXFP4 experts included) or a
+GGUF file, renamed to the worker's layout."""
 import dataclasses
 import json
 import logging
@@ -11,6 +11,8 @@ import torch
 from sluice.worker.loading.fp8_checkpoint import (activation_absmax_bound, checkpoint_quantization, quantization_config,
                                                   weight_block_size)
 from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channel_scales
+from sluice.worker.loading.mxfp4 import BLOCKS, SCALES, dequantized_projection, is_mxfp4, mxfp4_scales
+from sluice.worker.loading.stacked_experts import arrange_stacked_experts
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
@@ -30,18 +32,21 @@ def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1,
 def _load_hf_folder(folder: Path, rank: int, world_size: int,
                     expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
-    again per channel). A quantization_config the worker cannot load fails here, before any weight is read
-    (fp8_checkpoint.py)."""
+    again per channel, MXFP4 experts whole, to dequantize them). A quantization_config the worker cannot load fails
+    here, before any weight is read (fp8_checkpoint.py)."""
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
     hf_config["quantization_config"] = quantization_config(folder, hf_config)
-    config = dataclasses.replace(ModelConfig.from_hf(hf_config), quantization=checkpoint_quantization(hf_config),
+    mxfp4 = is_mxfp4(hf_config)
+    config = dataclasses.replace(ModelConfig.from_hf(hf_config),
+                                 quantization=None if mxfp4 else checkpoint_quantization(hf_config),
                                  activation_absmax_bound=activation_absmax_bound(hf_config))
     layout = ShardLayout(config, rank, world_size, expert_parallel)
     files = sorted(folder.glob("*.safetensors"))
     block = weight_block_size(hf_config)
     block_scales = _block_scales(files) if block else {}
+    fp4_scales = mxfp4_scales(files) if mxfp4 else {}
     if block:
         log.warning("block-wise FP8 weights (blocks of %d x %d) are quantized again per output channel: a little "
                     "less accurate than the checkpoint", *block)
@@ -49,7 +54,12 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
     for shard in files:
         with safe_open(shard, framework="pt") as file:
             for name in file.keys():
-                if block and name.endswith(_BLOCK_SCALE_SUFFIXES):
+                if block and name.endswith(_BLOCK_SCALE_SUFFIXES) or mxfp4 and name.endswith(SCALES):
+                    continue
+                if mxfp4 and name.endswith(BLOCKS):
+                    dequantized = name.removesuffix(BLOCKS)
+                    weight = dequantized_projection(file.get_tensor(name), fp4_scales[dequantized])
+                    state[dequantized] = layout.shard(dequantized, weight)
                     continue
                 if name in block_scales:
                     weight, scale = per_channel_from_blocks(file.get_tensor(name), block_scales[name], block)
@@ -98,8 +108,11 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
     state = {name.removeprefix("model."): tensor for name, tensor in per_channel_scales(hf_state).items()}
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}."
-        if config.has_experts(layer):
-            stack_experts(state, prefix, traits_for(config.architecture), config.moe.num_experts)
+        traits = traits_for(config.architecture)
+        if config.has_experts(layer) and traits.stacked_experts:
+            arrange_stacked_experts(state, prefix)
+        elif config.has_experts(layer):
+            stack_experts(state, prefix, traits, config.moe.num_experts)
         for fused, parts in FUSED_PROJECTIONS.items():
             if f"{prefix}{parts[0]}.weight" not in state:  # published fused, or an MoE layer's (no dense MLP)
                 continue

@@ -52,7 +52,7 @@ class ModelConfig:
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             rms_norm_eps=hf["rms_norm_eps"],
             rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            rope_scaling=None if rope_type == "default" else _rope_scaling(hf, rope, rope_type),
+            rope_scaling=_rope_scaling(hf, rope, rope_type),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
@@ -80,15 +80,15 @@ class ModelConfig:
         return self.layer_windows[layer] if self.layer_windows else 0
 
 
-def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict:
-    """The rope dict with its type, and for longrope the pretraining length (Phi-3 keeps it beside the dict, where
-    transformers takes it first) and the factor its attention factor follows (max over pretraining length unless the
-    dict gives one)."""
+def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict | None:
+    """The config's rope scaling (None for plain rope), with the pretraining context as transformers reads it: a
+    top-level original_max_position_embeddings first (Phi-3 keeps it there), else the dict's, else the model's; and
+    for YaRN and LongRoPE the factor, max_position_embeddings over that context where the dict gives none."""
+    if rope_type == "default":
+        return None
     scaling = dict(rope, rope_type=rope_type)
-    if rope_type == "longrope":
-        original = hf.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") \
-            or hf["max_position_embeddings"]
-        scaling["original_max_position_embeddings"] = original
-        if scaling.get("factor") is None:
-            scaling["factor"] = hf["max_position_embeddings"] / original
+    scaling["original_max_position_embeddings"] = hf.get("original_max_position_embeddings") \
+        or rope.get("original_max_position_embeddings") or hf["max_position_embeddings"]
+    if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
+        scaling["factor"] = hf["max_position_embeddings"] / scaling["original_max_position_embeddings"]
     return scaling

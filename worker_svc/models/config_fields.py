@@ -4,7 +4,7 @@ or a rope type they do not implement is refused at start, naming the field)."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.worker.models.registry import ARCHITECTURES, ArchitectureTraits
+from sluice.worker.models.registry import ARCHITECTURES, traits_for
 
 HONOURED = frozenset({
     "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -12,7 +12,7 @@ HONOURED = frozenset({
     "tie_word_embeddings", "eos_token_id", "quantization_config", "num_experts", "num_local_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "sliding_window", "use_sliding_window", "max_window_layers",
-    "original_max_position_embeddings",
+    "swiglu_alpha", "swiglu_limit", "original_max_position_embeddings",
 })
 NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the computation does not read them
     "_name_or_path", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache", "initializer_range",
@@ -37,23 +37,25 @@ def rope_type_of(rope: dict) -> str:
     return _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
 
 
-def _traits(hf: dict) -> ArchitectureTraits:
-    return ARCHITECTURES[hf["architectures"][0]]
+def _attention_bias(value, hf: dict) -> bool:
+    """Biased q, k, v and o projections where the architecture's module has them (gpt-oss), none elsewhere."""
+    return bool(value) == traits_for(hf["architectures"][0]).o_bias
 
 
 def _whole_heads_rotate(value, hf: dict) -> bool:
-    return value in (None, 1.0) or _traits(hf).partial_rotary
+    return value in (None, 1.0) or traits_for(hf["architectures"][0]).partial_rotary
 
 
 def _rope(value, hf: dict) -> bool:
-    return value is None or (rope_type_of(value) in _traits(hf).rope_types
+    return value is None or (rope_type_of(value) in traits_for(hf["architectures"][0]).rope_types
                              and _whole_heads_rotate(value.get("partial_rotary_factor"), hf))
 
 
 _ROPE_SUPPORTED = "rope_type {rope_types} (partial_rotary_factor 1.0 unless the architecture rotates partial heads)"
 REQUIRED: dict[str, Requirement] = {
     "hidden_act": Requirement(lambda value, hf: value == "silu", "silu"),
-    "attention_bias": Requirement(lambda value, hf: not value, "false (biased attention projections)"),
+    "attention_bias": Requirement(_attention_bias, "false (biased attention projections), but true for "
+                                                   "GptOssForCausalLM"),
     "mlp_bias": Requirement(lambda value, hf: not value, "false (biased MLP projections)"),
     "qkv_bias": Requirement(lambda value, hf: value is True, "true (Qwen2-MoE's biased q, k and v)"),
     "layer_types": Requirement(lambda value, hf: set(value or ()) <= set(_LAYER_TYPES),

@@ -23,7 +23,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = linear_layer(config, config.hidden_size, self.q_size + 2 * self.kv_size, traits.qkv_bias)
-        self.o_proj = linear_layer(config, self.q_size, config.hidden_size)
+        self.o_proj = linear_layer(config, self.q_size, config.hidden_size, traits.o_bias)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if traits.attention_sinks else None
         # the per-head q/k norms' weights, applied inside ops.prepare_qkv (modules for the checkpoint names), or the
         # norms of the whole q and k projections, applied before it
         self.per_head_norms = traits.qk_norm
@@ -56,7 +57,7 @@ class Attention(nn.Module):
         q = self.ops.prepare_qkv(qkv, positions, cos_sin_cache, *self.qk_norms, key_cache, value_cache,
                                  meta.slot_mapping, *kv_scales)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales,
-                                 sliding_window=self.sliding_window)
+                                 sliding_window=self.sliding_window, sinks=self.sinks)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
     def _projection_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:

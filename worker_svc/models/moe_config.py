@@ -5,6 +5,14 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True, frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's expert activation: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+
+    alpha: float
+    limit: float
+
+
+@dataclass(slots=True, frozen=True)
 class MoeConfig:
     """Which layers route each token to top_k of num_experts experts (gated MLPs of intermediate_size), and how."""
 
@@ -14,6 +22,7 @@ class MoeConfig:
     renormalize: bool  # the top-k routing weights divided by their sum
     sparse_layers: tuple[int, ...]  # the layers with experts; the others keep the dense MLP
     shared_expert_intermediate_size: int = 0  # an expert every token runs, scaled by a sigmoid gate (Qwen2-MoE)
+    clamped_swiglu: ClampedSwiGLU | None = None  # the experts' activation, where it is not silu(gate) * up
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -42,11 +51,19 @@ def _every_layer(renormalize: Callable[[dict], bool]) -> Callable[[dict], MoeCon
     return read
 
 
+def _gpt_oss(hf: dict) -> MoeConfig:
+    """gpt-oss: experts in every layer, their top-k router logits' softmax as weights, a clamped SwiGLU."""
+    return MoeConfig(hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"], True,
+                     tuple(range(hf["num_hidden_layers"])),
+                     clamped_swiglu=ClampedSwiGLU(hf.get("swiglu_alpha", 1.702), hf.get("swiglu_limit", 7.0)))
+
+
 MOE_READERS: dict[str, Callable[[dict], MoeConfig]] = {
     "Qwen2MoeForCausalLM": _qwen_moe,
     "Qwen3MoeForCausalLM": _qwen_moe,
     "MixtralForCausalLM": _every_layer(lambda hf: True),
     "OlmoeForCausalLM": _every_layer(lambda hf: hf.get("norm_topk_prob", False)),
+    "GptOssForCausalLM": _gpt_oss,
 }
 
 

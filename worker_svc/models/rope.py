@@ -6,13 +6,17 @@ import torch
 Frequencies = tuple[torch.Tensor, float]  # fp32 inverse frequencies [rotary_dim / 2], and the factor on cos and sin
 
 
-def _default(exponents: torch.Tensor, base: float, scaling: dict, max_position: int) -> Frequencies:
-    return 1.0 / (base**exponents), 1.0
+def _plain_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype=torch.float) / rotary_dim))
 
 
-def _llama3(exponents: torch.Tensor, base: float, scaling: dict, max_position: int) -> Frequencies:
+def _default(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
+    return _plain_inv_freq(rotary_dim, base), 1.0
+
+
+def _llama3(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
     """Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between."""
-    inv_freq = 1.0 / (base**exponents)
+    inv_freq = _plain_inv_freq(rotary_dim, base)
     factor = scaling["factor"]
     low_freq_factor = scaling["low_freq_factor"]
     high_freq_factor = scaling["high_freq_factor"]
@@ -27,13 +31,49 @@ def _llama3(exponents: torch.Tensor, base: float, scaling: dict, max_position: i
     return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), 1.0
 
 
-def _longrope(exponents: torch.Tensor, base: float, scaling: dict, max_position: int) -> Frequencies:
+def _yarn(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
+    """YaRN: the frequencies that turn fewer than beta_slow times over the original context divided by `factor`,
+    those turning more than beta_fast times kept, a linear ramp over the dimensions in between; cos and sin scaled by
+    the attention factor (given, or from the mscale of its factor)."""
+    factor, original_context = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension_of(rotations: float) -> float:
+        return rotary_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension_of(beta_fast), dimension_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (torch.arange(0, rotary_dim, 2).to(dtype=torch.float) / rotary_dim)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # the share of each frequency kept as it is (extrapolated)
+    return 1.0 / (factor * pos_freqs) * (1 - kept) + 1.0 / pos_freqs * kept, _yarn_attention_factor(scaling)
+
+
+def _yarn_attention_factor(scaling: dict) -> float:
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _longrope(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
     """Phi-3's LongRoPE: each frequency divided by its own factor, the long ones for a table longer than
     original_max_position_embeddings (every position then takes them, as vLLM does; transformers takes the short
     ones until a sequence outgrows that length, then recomputes it with the long ones); cos and sin scaled by the
     attention factor, sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) unless the config gives it."""
     original = scaling["original_max_position_embeddings"]
     factors = scaling["long_factor"] if max_position > original else scaling["short_factor"]
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**exponents)
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
@@ -42,7 +82,7 @@ def _longrope(exponents: torch.Tensor, base: float, scaling: dict, max_position:
     return inv_freq, attention_factor
 
 
-ROPE_TYPES = {"default": _default, "llama3": _llama3, "longrope": _longrope}  # as transformers' rope init functions
+ROPE_TYPES = {"default": _default, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}  # as transformers'
 
 
 def rope_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None, max_position: int) -> Frequencies:
@@ -52,8 +92,7 @@ def rope_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None, ma
     rope_type = scaling.get("rope_type", "default")
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_type {rope_type!r} is not supported ({', '.join(ROPE_TYPES)})")
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(dtype=torch.float) / rotary_dim
-    return ROPE_TYPES[rope_type](exponents, base, scaling, max_position)
+    return ROPE_TYPES[rope_type](rotary_dim, base, scaling, max_position)
 
 
 def build_cos_sin_cache(

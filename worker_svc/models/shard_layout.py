@@ -1,14 +1,16 @@
 """Which slice of every weight one tensor-parallel rank holds (Megatron-style).
 
-Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head
-by vocabulary; a projection the checkpoint publishes fused (Phi-3's qkv_proj and gate_up_proj) as each of its parts,
-the rank's q, k and v rows (gate and up rows) in order. Row-parallel (input columns split): o by q heads, down by the
-intermediate size. An FP8 weight's
-scale, one per output row, is split with a column-parallel weight's rows and kept whole with a row-parallel one.
-Norms are replicated (q/k norms are per head_dim, so every rank's heads share them), but for norms of a whole q or k
-projection, split with its heads. With fewer KV heads than ranks, each KV head is replicated on the ranks whose q heads
-read it. A mixture of experts splits every expert's intermediate size as the MLP's, or under expert parallelism
-places whole experts on the ranks; the router is replicated, a shared expert split as the MLP.
+Column-parallel (output rows split): q/k/v by heads, gate/up by the intermediate size, the embedding and the LM head by
+vocabulary; a projection the checkpoint publishes fused (Phi-3's qkv_proj and gate_up_proj) as each of its parts, the
+rank's q, k and v rows (gate and up rows) in order. Row-parallel (input columns split): o by q heads, down by the
+intermediate size. An FP8 weight's scale, one per output row, is split with a column-parallel weight's rows and kept
+whole with a row-parallel one. Norms are replicated (q/k norms are per head_dim, so every rank's heads share them), but
+for norms of a whole q or k projection, split with its heads. With fewer KV heads than ranks, each KV head is replicated
+on the ranks whose q heads read it. A mixture of experts splits every expert's intermediate size as the MLP's, or under
+expert parallelism places whole experts on the ranks; the router is replicated, a shared expert split as the MLP.
+Stacked experts (gpt-oss) split their interleaved gate/up columns in pairs, and attention sinks go with their heads. A
+row-parallel bias (o_proj's and the stacked experts' down bias) is added once: the first rank holds it, the others an
+empty slice padded with zeros.
 """
 import dataclasses
 import re
@@ -26,6 +28,7 @@ _INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _SHARED_EXPERT_ROWS = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+_ADDED_ONCE = {"self_attn.o_proj.bias": 0, "mlp.experts.down_proj_bias": 1}  # row-parallel biases: their hidden dim
 FUSED_PROJECTIONS = {  # the worker's fused projections, and their parts as checkpoints publish them apart
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -58,6 +61,9 @@ class ShardLayout:
         if self.expert_parallel and self.config.moe is not None and self.config.moe.num_experts % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the {self.config.moe.num_experts} "
                              "experts for expert parallelism")
+        if self.expert_parallel and traits_for(self.config.architecture).stacked_experts and size > 1:
+            raise ValueError(f"expert parallelism is not implemented for {self.config.architecture}'s stacked experts: "
+                             "serve it with its experts' intermediate columns split over the ranks")
         if traits_for(self.config.architecture).qk_projection_norm and kv_heads % size:
             raise ValueError(f"the q/k norms of {self.config.architecture} span all heads: tensor_parallel_size "
                              f"{size} must divide the {kv_heads} KV heads")
@@ -160,6 +166,13 @@ class ShardLayout:
         expert = _EXPERT.search(name)
         if expert is not None:
             return self._expert_slice(expert.group(2))
+        added_once = next((dim for suffix, dim in _ADDED_ONCE.items() if name.endswith(suffix)), None)
+        if added_once is not None:
+            return None if self.rank == 0 else ShardSlice(added_once, 0, 0, self.config.hidden_size)
+        if ".mlp.experts." in name and traits_for(self.config.architecture).stacked_experts:
+            return self._stacked_expert_slice(name)
+        if name.endswith("self_attn.sinks"):
+            return _rows(self.q_heads)
         if name.endswith(_SHARED_EXPERT_ROWS):
             return _rows(self.shared_expert_intermediate)
         if name.endswith("shared_expert.down_proj.weight"):
@@ -188,6 +201,17 @@ class ShardLayout:
             return None
         down = traits_for(self.config.architecture).expert_projections[2]
         return _columns(self.expert_intermediate) if projection == down else _rows(self.expert_intermediate)
+
+    def _stacked_expert_slice(self, name: str) -> ShardSlice:
+        """gate_up_proj [experts, hidden, 2 * intermediate] and its bias [experts, 2 * intermediate], gate and up
+        columns interleaved: the pairs of the rank's intermediate columns; down_proj [experts, intermediate, hidden]:
+        the rank's rows."""
+        columns = self.expert_intermediate
+        if name.endswith("gate_up_proj"):
+            return ShardSlice(2, 2 * columns.start, 2 * columns.stop, 2 * len(columns))
+        if name.endswith("gate_up_proj_bias"):
+            return ShardSlice(1, 2 * columns.start, 2 * columns.stop, 2 * len(columns))
+        return _columns(columns)
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rank's part of a whole weight, as its own tensor."""

@@ -1,0 +1,33 @@
+"""gpt-oss served through the real services (random weights, MXFP4 experts, token ids in and out), with a window
+shorter than the prompts in every other layer, sinks, biased experts and YaRN rope: Hugging Face's greedy tokens alone,
+forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2."""
+import pytest
+
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.services import running_services
+from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(the MXFP4 checkpoint's folder, Hugging Face's model of its dequantized weights)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    folder = tmp_path_factory.mktemp("gpt-oss")
+    packed, dequantized = mxfp4_checkpoint(gpt_oss_state())
+    save_file(packed, folder / "model.safetensors")
+    AutoConfig.for_model(**TINY_GPT_OSS, quantization_config=MXFP4).save_pretrained(folder)
+    return folder, _hf_model(TINY_GPT_OSS, dequantized)
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])
+def test_served_gpt_oss_matches_hf(checkpoint, tensor_parallel_size):
+    folder, hf = checkpoint
+    with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
+                          tensor_parallel_size=tensor_parallel_size) as services:
+        assert_matches_alone_and_together(services, hf, PROMPTS)

@@ -1,0 +1,72 @@
+"""gpt-oss (GptOssForCausalLM): the Llama-family decoder with biased attention projections and attention sinks
+(registry traits), sliding and full layers alternating as layer_types say, YaRN rope, and in every layer a mixture
+of experts of its own: a biased router, and experts with biases and a clamped SwiGLU (ops/biased_experts.py)."""
+import torch
+from torch import nn
+
+from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.layers import RMSNorm
+from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
+from sluice.worker.ops.biased_experts import biased_experts, route_top_logits
+from sluice.worker.parallel.group import TensorParallelGroup
+
+
+class BiasedExperts(nn.Module):
+    """The layer's experts, stacked: w13 [num_experts, 2 * intermediate, hidden], each expert's gate rows then its up
+    rows, with w13_bias [num_experts, 2 * intermediate]; w2 [num_experts, hidden, intermediate] with w2_bias
+    [num_experts, hidden]."""
+
+    def __init__(self, num_experts: int, intermediate_size: int, hidden_size: int):
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+
+class GptOssMoeBlock(nn.Module):
+    """config: the (rank's) shape, whose moe holds the experts' (rank's) intermediate size."""
+
+    def __init__(self, config: ModelConfig, ops):
+        super().__init__()
+        moe = config.moe
+        self.top_k, self.activation = moe.top_k, moe.clamped_swiglu
+        self.router = nn.Linear(config.hidden_size, moe.num_experts, bias=True)
+        self.experts = BiasedExperts(moe.num_experts, moe.intermediate_size, config.hidden_size)
+        self.ops = ops
+
+    def forward(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the experts' weighted sum for norm(x + residual), x + residual)."""
+        h, residual = norm(x, residual)  # h: [num_tokens, hidden]
+        weights, expert_ids = route_top_logits(self.ops.linear(h, self.router), self.top_k)
+        experts = self.experts
+        out = biased_experts(h, weights, expert_ids, experts.w13, experts.w13_bias, experts.w2, experts.w2_bias,
+                             self.activation.alpha, self.activation.limit)
+        return self.reduce(out), residual
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        """The layer's output from this rank's part of it (a tensor-parallel rank's sums them over the ranks)."""
+        return out
+
+
+class RowParallelGptOssMoeBlock(GptOssMoeBlock):
+    """The rank's columns of every expert's intermediate size, the down biases on the first rank only (zeros on the
+    others, shard_layout.py): the partial outputs are summed."""
+
+    def __init__(self, config: ModelConfig, ops, group: TensorParallelGroup):
+        super().__init__(config, ops)
+        self.group = group
+
+    def reduce(self, out: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(out)
+
+
+class GptOssLM(DecoderLM):
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        return GptOssMoeBlock(config, ops)
+
+
+class TensorParallelGptOssLM(TensorParallelDecoderLM):
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        return RowParallelGptOssMoeBlock(config, ops, self.group)

@@ -1,0 +1,35 @@
+"""gpt-oss's mixture-of-experts operators in plain torch, as transformers computes them: a router whose top-k logits'
+softmax weighs each token's experts, and experts with biased projections and a clamped SwiGLU. The CPU path: the
+Triton kernels compute neither yet, so the worker refuses gpt-oss on them (registry.py's triton_missing)."""
+import torch
+import torch.nn.functional as F
+
+
+def route_top_logits(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's top_k experts by router logit, weighted by the softmax of those k logits (in their dtype):
+    weights [num_tokens, top_k] and int32 expert ids."""
+    top_logits, expert_ids = torch.topk(router_logits, top_k, dim=-1)
+    return torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype), expert_ids.to(torch.int32)
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit); gate_up: [..., 2 *
+    intermediate], the gate's columns then the up's."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def biased_experts(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, w13: torch.Tensor,
+                   w13_bias: torch.Tensor, w2: torch.Tensor, w2_bias: torch.Tensor,
+                   alpha: float, limit: float) -> torch.Tensor:
+    """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e computes
+    w2[e] @ clamped_swiglu(w13[e] @ x + w13_bias[e]) + w2_bias[e]. Expert by expert, as transformers computes it."""
+    out = torch.zeros_like(x)
+    expert_ids = expert_ids.long()
+    for expert in torch.unique(expert_ids).tolist():
+        token, slot = torch.where(expert_ids == expert)
+        gated = clamped_swiglu(F.linear(x[token], w13[expert], w13_bias[expert]), alpha, limit)
+        expert_out = F.linear(gated, w2[expert], w2_bias[expert]) * weights[token, slot, None]
+        out.index_add_(0, token, expert_out.to(x.dtype))
+    return out
