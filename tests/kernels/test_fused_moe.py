@@ -9,7 +9,10 @@ import torch
 from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_size, moe_align_block_size_ref, moe_down,
                             moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_launch_config, topk_softmax,
                             topk_softmax_ref)
-from sluice.kernels.fp8_quant import quantize_rows_fp8_ref
+from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
+from sluice.worker.models.moe import Experts
+from sluice.worker.ops.fp8_gemm import fp8_gemm_for
+from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.ops.triton_kernels import TritonOps
 from tests.scripts import ROOT, load_script
 from tests.worker.fp8_checkpoints import quantize_blocks
@@ -292,6 +295,13 @@ def test_rejects_fp8_experts_without_fitting_scales(device):
 
 # -- the operators
 
+def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None) -> Experts:
+    """The worker's Experts module over stacked weights (and their scales)."""
+    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape)
+    layer.load_state_dict(dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales))), assign=True)
+    return layer
+
+
 def test_triton_ops_route_and_run_the_experts(device):
     ops = TritonOps()
     num_tokens, num_experts, top_k, hidden, intermediate = 5, 16, 4, 72, 40
@@ -303,8 +313,23 @@ def test_triton_ops_route_and_run_the_experts(device):
     x = torch.randn(num_tokens, hidden, device=device).to(torch.bfloat16)
     w13, w2 = _experts(num_experts, hidden, intermediate, torch.bfloat16, device)
     expert_map = torch.arange(num_experts, dtype=torch.int32, device=device) - 4  # experts 0-3 remote
-    torch.testing.assert_close(ops.fused_experts(x, weights, ids, w13[4:], w2[4:], expert_map),
+    torch.testing.assert_close(ops.fused_experts(x, weights, ids, _experts_layer(w13[4:], w2[4:]), expert_map),
                                fused_experts_ref(x, weights, ids, w13[4:], w2[4:], expert_map), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("block_shape", **SCALES)
+def test_triton_ops_run_fp8_experts_as_the_torch_ops_do(device, block_shape):
+    """Against the worker's plain-torch operators (the FP8 GEMM's product, or block-wise operands dequantized and
+    multiplied), under an expert map: experts 0-3 on another rank."""
+    gemm = fp8_gemm_for(device, quantize_rows_fp8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weights, ids = _routing(5, 16, 4, device)
+    x = torch.randn(5, 72, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(12, 72, 32, block_shape, device)
+    layer = _experts_layer(w13, w2, w13_scale, w2_scale, block_shape=block_shape)
+    expert_map = torch.arange(16, dtype=torch.int32, device=device) - 4
+    torch.testing.assert_close(TritonOps(gemm).fused_experts(x, weights, ids, layer, expert_map),
+                               TorchOps(gemm).fused_experts(x, weights, ids, layer, expert_map), **TOL[dtype])
 
 
 # -- the benchmark

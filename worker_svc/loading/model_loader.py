@@ -10,6 +10,7 @@ from sluice.worker.loading.kv_scales import with_kv_scales
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.moe import keep_stored_expert_precision
 from sluice.worker.models.registry import traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
@@ -53,11 +54,9 @@ class ModelLoader:
     def build(self, model_config: ModelConfig, state: dict[str, torch.Tensor],
               draft: Checkpoint | None = None) -> LoadedModel:
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
-        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections of an unquantized checkpoint,
-        each row with its own scale; a pre-quantized checkpoint's projections stay as it stores them.
+        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections and experts of an unquantized
+        checkpoint, each row with its own scale; a pre-quantized checkpoint's stay as it stores them.
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
-        if model_config.moe is not None and "fp8" in (self.config.quantization, model_config.quantization):
-            raise ValueError(f"FP8 experts are not implemented yet: serve {model_config.architecture} unquantized")
         if self.config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)
@@ -90,6 +89,7 @@ class ModelLoader:
             model = DecoderLM(model_config, traits, ops) if self.group is None else \
                 TensorParallelDecoderLM(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
+            keep_stored_expert_precision(model, state)
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)
         if model_config.tie_word_embeddings:
