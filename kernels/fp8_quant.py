@@ -10,6 +10,7 @@ kernel's 3 (read 2, write 1).
 The row's maximum is scaled by the reciprocal of e4m3's largest value and x is divided by the scale rounding to
 nearest, as torch's CUDA operators do, so the results agree bit for bit. Asked for more rows than x has, it writes
 the rows beyond as zeros with the smallest scale (a GEMM padded to a row count its library runs faster).
+quantize_row_groups_fp8 quantizes each row's groups of columns this way, for GEMMs of block-wise FP8 weights.
 """
 import math
 
@@ -96,3 +97,23 @@ def quantize_rows_fp8_ref(x: torch.Tensor, rows_out: int | None = None,
     absmax = x.float().abs().amax(dim=-1)
     scale = ((absmax if absmax_bound is None else absmax.clamp_max(absmax_bound)) / FP8_MAX).clamp_min(MIN_SCALE)
     return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def quantize_row_groups_fp8(x: torch.Tensor, group: int,
+                            absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [rows, K] -> (x_q: [rows, G * group] e4m3, scale: [rows, G] float32), G = ceil(K / group): each row's
+    groups of `group` columns quantized as quantize_rows_fp8 quantizes a row (vLLM's per-token-group quantization
+    for block-wise FP8 weights); the columns that complete the last group are zeros."""
+    return _row_groups(x, group, quantize_rows_fp8, absmax_bound)
+
+
+def quantize_row_groups_fp8_ref(x: torch.Tensor, group: int,
+                                absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _row_groups(x, group, quantize_rows_fp8_ref, absmax_bound)
+
+
+def _row_groups(x: torch.Tensor, group: int, quantize_rows, absmax_bound: float | None):
+    rows, k = x.shape
+    whole_groups = x if k % group == 0 else F.pad(x, (0, -k % group))
+    x_q, scale = quantize_rows(whole_groups.reshape(-1, group), absmax_bound=absmax_bound)
+    return x_q.view(rows, -1), scale.view(rows, -1)

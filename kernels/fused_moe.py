@@ -10,13 +10,24 @@ GEMM launches, whatever the number of experts.
 Padding rows of a block (the sentinel) load zeros and store nothing; programs past the blocks in use return at once,
 so the grid depends only on the number of pairs and CUDA graphs replay it. Pairs whose expert lives on another rank
 are in no block: their y rows are zeros.
+
+FP8 experts (vLLM's fp8_w8a8 path): e4m3 weights with float32 scales, one per row or one per block of (rows,
+columns). Each GEMM's activations are quantized to e4m3 first, per row for per-row scales, per row and group of a
+block's columns for block-wise ones (kernels.fp8_quant), and the dots multiply e4m3 by e4m3. Per-row scales factor
+out of the sum over K: the epilogue multiplies each accumulator by its row's and its column's scale
+(torch._scaled_mm's arithmetic). Block scales multiply each K slice's product, a slice never crossing a group (BLOCK_K
+divides the block's columns).
 """
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from sluice.kernels.activation import silu_and_mul_ref
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.fp8_quant import (FP8, quantize_row_groups_fp8, quantize_row_groups_fp8_ref, quantize_rows_fp8,
+                                      quantize_rows_fp8_ref)
 from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -33,40 +44,59 @@ def _tile_of(pid, num_blocks, num_col_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _expert_product(a_rows, row_mask, w_cols, up_offset, K, stride_wk,
+def _load_tile(tile, k_mask, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(tile)
+    return tl.load(tile, mask=k_mask[:, None], other=0.0)
+
+
+@triton.jit
+def _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, up_offset, w_up_scales, K, stride_wk, stride_sk,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                    EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] = A[rows, :K] @ W[cols, :K].T in float32 (and acc_up for the rows up_offset further
     on in W, when GATED). a_rows: [BLOCK_M, 1] row pointers (elements contiguous); w_cols: [1, BLOCK_N] pointers to
-    the weight rows; padding rows load zeros."""
+    the weight rows; padding rows load zeros. With GROUP_K (block-wise FP8), each K slice's product is multiplied by
+    its group's scales: a_scales [BLOCK_M] and w_scales (w_up_scales) [BLOCK_N] point to the rows' and the columns'
+    first group's, the next groups 1 and stride_sk further on."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
         w_tile = w_cols + ks[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
-        if EVEN_K:
-            w = tl.load(w_tile)
+        w = _load_tile(w_tile, ks < K, EVEN_K).to(DOT_DTYPE)
+        if GROUP_K:  # the slice lies in one group (BLOCK_K divides GROUP_K)
+            a_scale = tl.load(a_scales + k // GROUP_K, mask=row_mask, other=0.0)[:, None]
+            w_scale = tl.load(w_scales + k // GROUP_K * stride_sk)[None, :]
+            acc += tl.dot(a, w, input_precision=DOT_PRECISION) * a_scale * w_scale
         else:
-            w = tl.load(w_tile, mask=(ks < K)[:, None], other=0.0)
-        acc = tl.dot(a, w.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         if GATED:
-            if EVEN_K:
-                w_up = tl.load(w_tile + up_offset)
+            w_up = _load_tile(w_tile + up_offset, ks < K, EVEN_K).to(DOT_DTYPE)
+            if GROUP_K:
+                w_up_scale = tl.load(w_up_scales + k // GROUP_K * stride_sk)[None, :]
+                acc_up += tl.dot(a, w_up, input_precision=DOT_PRECISION) * a_scale * w_up_scale
             else:
-                w_up = tl.load(w_tile + up_offset, mask=(ks < K)[:, None], other=0.0)
-            acc_up = tl.dot(a, w_up.to(DOT_DTYPE), acc_up, input_precision=DOT_PRECISION)
+                acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
     return acc, acc_up
+
+
+@triton.jit
+def _row_scaled(acc, a_scales, row_mask, w_scales):
+    """acc [BLOCK_M, BLOCK_N] times its rows' activation scales and its columns' weight scales (per-row FP8)."""
+    return acc * tl.load(a_scales, mask=row_mask, other=0.0)[:, None] * tl.load(w_scales)[None, :]
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, h_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
+    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
     num_pairs, num_blocks, hidden, intermediate,
-    stride_xt, stride_we, stride_wn, stride_wk, stride_ht,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes h[pair, n] = silu(w13[e, n] . x[token]) * (w13[e, I + n] . x[token])
     for the block's pairs (token = pair // TOP_K, e the block's expert) and BLOCK_N columns n of the intermediate.
@@ -86,10 +116,18 @@ def _moe_gate_up_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
     # -- gate and up products of the block's tokens
-    a_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt
+    tokens = (pairs // TOP_K).to(tl.int64)
+    a_rows = x_ptr + tokens[:, None] * stride_xt
     w_cols = w13_ptr + expert * stride_we + (cols % intermediate).to(tl.int64)[None, :] * stride_wn
-    gate, up = _expert_product(a_rows, row_mask, w_cols, intermediate * stride_wn, hidden, stride_wk,
-                               BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, DOT_DTYPE, DOT_PRECISION)
+    a_scales = a_scale_ptr + tokens * stride_as
+    w_scales = w_scale_ptr + expert * stride_se + (cols % intermediate // GROUP_N) * stride_sn
+    w_up_scales = w_scale_ptr + expert * stride_se + ((intermediate + cols % intermediate) // GROUP_N) * stride_sn
+    gate, up = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, intermediate * stride_wn, w_up_scales,
+                               hidden, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, GROUP_K,
+                               DOT_DTYPE, DOT_PRECISION)
+    if ROW_SCALES:
+        gate = _row_scaled(gate, a_scales, row_mask, w_scales)
+        up = _row_scaled(up, a_scales, row_mask, w_up_scales)
 
     # -- epilogue: silu(gate) * up
     dtype = h_ptr.dtype.element_ty
@@ -102,12 +140,12 @@ def _moe_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_down_kernel(
-    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
-    num_pairs, num_blocks, hidden, intermediate,
-    stride_ht, stride_we, stride_wn, stride_wk, stride_yt,
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, sorted_ids_ptr, block_experts_ptr,
+    num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
     block's pairs and BLOCK_N hidden columns n. The product is rounded to the model dtype before the routing
@@ -124,8 +162,12 @@ def _moe_down_kernel(
     # -- down products of the block's rows of h
     a_rows = h_ptr + pairs.to(tl.int64)[:, None] * stride_ht
     w_cols = w2_ptr + expert * stride_we + (cols % hidden).to(tl.int64)[None, :] * stride_wn
-    acc, _ = _expert_product(a_rows, row_mask, w_cols, 0, intermediate, stride_wk,
-                             BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, DOT_DTYPE, DOT_PRECISION)
+    a_scales = a_scale_ptr + pairs.to(tl.int64) * stride_as
+    w_scales = w_scale_ptr + expert * stride_se + (cols % hidden // GROUP_N) * stride_sn
+    acc, _ = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, 0, w_scales, intermediate, stride_wk,
+                             stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K, DOT_DTYPE, DOT_PRECISION)
+    if ROW_SCALES:
+        acc = _row_scaled(acc, a_scales, row_mask, w_scales)
 
     # -- epilogue: times the routing weight
     dtype = y_ptr.dtype.element_ty
@@ -138,7 +180,8 @@ def _moe_down_kernel(
 def moe_launch_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int,
                       dtype: torch.dtype, device: torch.device) -> dict:
     """BLOCK_M (rows of a block, kernels.moe_align's block_m), BLOCK_N (columns of the gate_up projection's 2I
-    outputs, gate and up halves, and of the down projection's H), BLOCK_K, GROUP_M, num_warps, num_stages."""
+    outputs, gate and up halves, and of the down projection's H), BLOCK_K, GROUP_M, num_warps, num_stages.
+    dtype: the dots' operands' (e4m3 for FP8 experts)."""
     if device.type != "cuda":  # NOTE: the interpreter pays per program: few, but small enough tiles to cross masks
         return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=1, num_stages=1)
     # NOTE: not measured with these kernels yet. The table follows vLLM's tuned configs for Qwen3-30B-A3B's experts
@@ -146,7 +189,8 @@ def moe_launch_config(num_tokens: int, top_k: int, num_experts: int, hidden: int
     # ..._H200.json), which agree on the regime boundaries, keyed here by the expected rows per expert
     # (tokens * top_k / experts) rather than by tokens, so models with few experts (Mixtral: 8, top-2) reach the
     # large tiles at fewer tokens. Their BLOCK_N counts the 2I-wide gate_up output, as here. To retune on a GPU:
-    # `python benchmarks/fused_moe.py OUT.json --sweep`.
+    # `python benchmarks/fused_moe.py OUT.json --sweep`. FP8 experts take the same tiles, unmeasured too (e4m3
+    # operands fill half the shared memory: the H200 compile of tests/kernels/moe_h200_compile.py).
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert < 2:  # decode: each expert's block has a row or two; the weights stream once
         config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
@@ -160,25 +204,32 @@ def moe_launch_config(num_tokens: int, top_k: int, num_experts: int, hidden: int
         config = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
     if dtype == torch.float32:  # NOTE: twice the shared memory per element: half the K slice (unmeasured)
         config.update(BLOCK_K=config["BLOCK_K"] // 2, num_stages=2)
-    # a tile no larger than the shape needs (the gate_up tile's halves at least 16 columns, tl.dot's minimum)
+    # a tile no larger than the shape needs (the gate_up tile's halves at least 16 columns, tl.dot's minimum; an
+    # e4m3 dot's K at least 32, the FP8 MMA's)
     config["BLOCK_N"] = max(32, min(config["BLOCK_N"], triton.next_power_of_2(2 * min(hidden, intermediate))))
-    config["BLOCK_K"] = max(16, min(config["BLOCK_K"], triton.next_power_of_2(min(hidden, intermediate))))
+    config["BLOCK_K"] = max(32 if dtype == FP8 else 16,
+                            min(config["BLOCK_K"], triton.next_power_of_2(min(hidden, intermediate))))
     return config
 
 
 def _dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:
-    """NOTE: the interpreter runs tl.dot on bfloat16's raw bits (see kernels.paged_kv.dot_config), so off CUDA the
-    dots run in float32; on CUDA 16-bit operands go to the tensor cores as they are, float32 ones exactly."""
+    """The dtype tl.dot multiplies in, by its A operand's (the weights are converted to it).
+    NOTE: the interpreter runs tl.dot on bfloat16's raw bits (see kernels.paged_kv.dot_config), so off CUDA the
+    dots run in float32; on CUDA e4m3 and 16-bit operands go to the tensor cores as they are, float32 ones exactly."""
     if device.type != "cuda" or dtype == torch.float32:
         return tl.float32, "ieee"
-    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "tf32"
+    return {FP8: tl.float8e4nv, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype], "tf32"
 
 
-def _kernel_options(config: dict, k: int, dtype: torch.dtype, device: torch.device, pdl: bool) -> dict:
-    dot_dtype, precision = _dot_config(dtype, device)
-    return dict(BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"], EVEN_K=k % config["BLOCK_K"] == 0,
-                DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, num_warps=config["num_warps"],
-                num_stages=config["num_stages"], **dependent_launch(device, pdl))
+def _kernel_options(config: dict, k: int, a: torch.Tensor, group_k: int, pdl: bool) -> dict:
+    """group_k: block-wise FP8 weights' columns per block, which the K slice must divide; 0 for other weights."""
+    block_k = math.gcd(config["BLOCK_K"], group_k) if group_k else config["BLOCK_K"]
+    if block_k < 16:
+        raise ValueError(f"FP8 weight blocks of {group_k} columns: a GEMM's K slice must divide them and hold 16")
+    dot_dtype, precision = _dot_config(a.dtype, a.device)
+    return dict(BLOCK_K=block_k, GROUP_M=config["GROUP_M"], EVEN_K=k % block_k == 0, DOT_DTYPE=dot_dtype,
+                DOT_PRECISION=precision, num_warps=config["num_warps"], num_stages=config["num_stages"],
+                **dependent_launch(a.device, pdl))
 
 
 def _check_blocks(blocks: ExpertBlocks, config: dict) -> None:
@@ -186,40 +237,83 @@ def _check_blocks(blocks: ExpertBlocks, config: dict) -> None:
         raise ValueError(f"blocks of {blocks.block_m} rows, config BLOCK_M {config['BLOCK_M']}")
 
 
+def _scaled_operands(name: str, a: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                     block_shape: tuple[int, int] | None,
+                     absmax_bound: float | None) -> tuple[torch.Tensor, dict]:
+    """(the GEMM's A operand, its kernel's scale arguments) for a (rows of activations) and weight [E, N, K]: a as it
+    is for a weight in a's dtype; for an e4m3 weight, a's rows quantized to e4m3 under absmax_bound, whole or in
+    groups of block_shape's columns (off CUDA by the torch twin, the same arithmetic: the interpreter rounds FP8
+    stores wrongly)."""
+    if weight_scale is None:
+        if weight.dtype != a.dtype:
+            raise ValueError(f"{name} {weight.dtype} does not fit activations in {a.dtype} (e4m3 weights take scales)")
+        return a, dict(a_scale_ptr=a, w_scale_ptr=weight, stride_as=0, stride_se=0, stride_sn=0, stride_sk=0,
+                       ROW_SCALES=False, GROUP_N=1, GROUP_K=0)
+    _check_scale(name, weight, weight_scale, block_shape)
+    if block_shape is None:
+        a_q, a_scale = (quantize_rows_fp8 if a.is_cuda else quantize_rows_fp8_ref)(a, absmax_bound=absmax_bound)
+        return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, stride_as=1, stride_se=weight_scale.stride(0),
+                         stride_sn=weight_scale.stride(1), stride_sk=0, ROW_SCALES=True, GROUP_N=1, GROUP_K=0)
+    quantize = quantize_row_groups_fp8 if a.is_cuda else quantize_row_groups_fp8_ref
+    a_q, a_scale = quantize(a, block_shape[1], absmax_bound)
+    return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, stride_as=a_scale.stride(0),
+                     stride_se=weight_scale.stride(0), stride_sn=weight_scale.stride(1),
+                     stride_sk=weight_scale.stride(2), ROW_SCALES=False, GROUP_N=block_shape[0],
+                     GROUP_K=block_shape[1])
+
+
+def _check_scale(name: str, weight: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int] | None) -> None:
+    """An e4m3 weight [E, N, K] takes float32 scales [E, N], or [E, ceil(N / rows), ceil(K / columns)] for blocks of
+    block_shape (rows, columns)."""
+    num_experts, rows, columns = weight.shape
+    expected = (num_experts, rows) if block_shape is None else \
+        (num_experts, -(-rows // block_shape[0]), -(-columns // block_shape[1]))
+    if weight.dtype != FP8 or scale.dtype != torch.float32 or tuple(scale.shape) != expected:
+        raise ValueError(f"{name} {weight.dtype} with scale {scale.dtype} {tuple(scale.shape)}: e4m3 weights take a "
+                         f"float32 scale {expected}")
+
+
 def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int, config: dict,
-                pdl: bool = True) -> torch.Tensor:
+                w13_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
+                absmax_bound: float | None = None, pdl: bool = True) -> torch.Tensor:
     """h [T * top_k, I] in x's dtype: h[pair] = silu(w13[e, :I] @ x[token]) * (w13[e, I:] @ x[token]) for every
     pair in blocks (pair = token * top_k + slot, e its block's expert). Rows of pairs in no block are not written.
-    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows)."""
+    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows) in x's dtype, or e4m3 with w13_scale (see fused_experts)."""
     _check_blocks(blocks, config)
     num_tokens, hidden = x.shape
-    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden or w13.dtype != x.dtype:
-        raise ValueError(f"w13 {w13.dtype} {tuple(w13.shape)} does not fit x {x.dtype} {tuple(x.shape)}")
+    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
+        raise ValueError(f"w13 {tuple(w13.shape)} does not fit x {tuple(x.shape)}")
     intermediate = w13.shape[1] // 2
     x = x if x.stride(1) == 1 else x.contiguous()
     h = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
+    if block_shape is not None and intermediate % block_shape[0]:
+        raise ValueError(f"w13's gate and up halves of {intermediate} rows are no whole FP8 blocks of "
+                         f"{block_shape[0]}")
+    a, scales = _scaled_operands("w13", x, w13, w13_scale, block_shape, absmax_bound)
     num_blocks = blocks.block_experts.shape[0]
     block_n = config["BLOCK_N"] // 2
     if num_blocks:
         _moe_gate_up_kernel[(num_blocks * triton.cdiv(intermediate, block_n),)](
-            x, w13, h, blocks.sorted_ids, blocks.block_experts, blocks.num_padded,
-            h.shape[0], num_blocks, hidden, intermediate,
-            x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), h.stride(0),
-            TOP_K=top_k, BLOCK_M=blocks.block_m, BLOCK_N=block_n,
-            **_kernel_options(config, hidden, x.dtype, x.device, pdl),
+            a, w13, h, sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
+            num_padded_ptr=blocks.num_padded, num_pairs=h.shape[0], num_blocks=num_blocks, hidden=hidden,
+            intermediate=intermediate, stride_xt=a.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
+            stride_wk=w13.stride(2), stride_ht=h.stride(0), TOP_K=top_k, BLOCK_M=blocks.block_m, BLOCK_N=block_n,
+            **scales, **_kernel_options(config, hidden, a, scales["GROUP_K"], pdl),
         )
     return h
 
 
 def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks, config: dict,
-             zero_unrouted: bool = False, pdl: bool = True) -> torch.Tensor:
+             zero_unrouted: bool = False, w2_scale: torch.Tensor | None = None,
+             block_shape: tuple[int, int] | None = None, absmax_bound: float | None = None,
+             pdl: bool = True) -> torch.Tensor:
     """y [pairs, H] in h's dtype: y[pair] = topk_weights[pair] * (w2[e] @ h[pair]) for every pair in blocks. Rows of
-    pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I]; topk_weights:
-    float32 with one weight per pair ([T, top_k])."""
+    pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I] in h's dtype, or
+    e4m3 with w2_scale (see fused_experts); topk_weights: float32 with one weight per pair ([T, top_k])."""
     _check_blocks(blocks, config)
     num_pairs, intermediate = h.shape
-    if w2.dim() != 3 or w2.shape[2] != intermediate or w2.dtype != h.dtype:
-        raise ValueError(f"w2 {w2.dtype} {tuple(w2.shape)} does not fit h {h.dtype} {tuple(h.shape)}")
+    if w2.dim() != 3 or w2.shape[2] != intermediate:
+        raise ValueError(f"w2 {tuple(w2.shape)} does not fit h {tuple(h.shape)}")
     if topk_weights.numel() != num_pairs or topk_weights.dtype != torch.float32:
         raise ValueError(f"topk_weights must be float32 with {num_pairs} weights, got {topk_weights.dtype} "
                          f"{tuple(topk_weights.shape)}")
@@ -227,19 +321,20 @@ def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, bloc
     weights = topk_weights.reshape(-1).contiguous()
     h = h if h.stride(1) == 1 else h.contiguous()
     y = (torch.zeros if zero_unrouted else torch.empty)(num_pairs, hidden, dtype=h.dtype, device=h.device)
+    a, scales = _scaled_operands("w2", h, w2, w2_scale, block_shape, absmax_bound)
     num_blocks = blocks.block_experts.shape[0]
     if num_blocks:
         _moe_down_kernel[(num_blocks * triton.cdiv(hidden, config["BLOCK_N"]),)](
-            h, w2, weights, y, blocks.sorted_ids, blocks.block_experts, blocks.num_padded,
-            num_pairs, num_blocks, hidden, intermediate,
-            h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), y.stride(0),
-            BLOCK_M=blocks.block_m, BLOCK_N=config["BLOCK_N"],
-            **_kernel_options(config, intermediate, h.dtype, h.device, pdl),
+            a, w2, weights, y, sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
+            num_padded_ptr=blocks.num_padded, num_pairs=num_pairs, num_blocks=num_blocks, hidden=hidden,
+            intermediate=intermediate, stride_ht=a.stride(0), stride_we=w2.stride(0), stride_wn=w2.stride(1),
+            stride_wk=w2.stride(2), stride_yt=y.stride(0), BLOCK_M=blocks.block_m, BLOCK_N=config["BLOCK_N"],
+            **scales, **_kernel_options(config, intermediate, a, scales["GROUP_K"], pdl),
         )
     return y
 
 
-def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map) -> None:
+def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale) -> None:
     if x.dim() != 2 or x.dtype not in MOE_DTYPES:
         raise ValueError(f"x must be [num_tokens, hidden] in {MOE_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
@@ -249,13 +344,17 @@ def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map) -> None:
             or w13.shape[2] != x.shape[1] or w2.shape[1] != x.shape[1]:
         raise ValueError(f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} must be [E, 2I, H] and [E, H, I] with "
                          f"H = {x.shape[1]}")
+    if (w13_scale is None) != (w2_scale is None):
+        raise ValueError("w13 and w2 must both be e4m3 with scales, or neither")
     if expert_map is not None and expert_map.dim() != 1:
         raise ValueError(f"expert_map must be [global_experts], got {tuple(expert_map.shape)}")
 
 
 def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                  w2: torch.Tensor, expert_map: torch.Tensor | None = None,
-                  launch_config: dict | None = None, pdl: bool = True) -> torch.Tensor:
+                  w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
+                  absmax_bound: float | None = None, launch_config: dict | None = None,
+                  pdl: bool = True) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype:
     out[t] = sum over slots j with a local expert e of topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) *
     (w13[e, I:] @ x[t]))).
@@ -264,35 +363,70 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     then up rows); w2: [E, H, I]; expert_map: None (ids are local) or int32 [global experts] -> local index, -1 for
     an expert on another rank (its pairs add nothing). launch_config: moe_launch_config's keys (None picks them).
     pdl: the kernels take programmatic dependent launch where the GPU has it (kernels.dependent_launch).
+    FP8 experts: w13 and w2 in e4m3 with float32 w13_scale [E, 2I] and w2_scale [E, H], one per row, or with
+    block_shape (rows, columns) one per block, w13_scale [E, 2I / rows, ceil(H / columns)] and w2_scale
+    [E, ceil(H / rows), ceil(I / columns)] (I a multiple of rows); absmax_bound clips the activations' absolute
+    maxima before they are quantized.
     """
-    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map)
+    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_experts, intermediate = w2.shape[0], w2.shape[2]
     if num_tokens == 0:
         return torch.empty_like(x)
-    config = launch_config or moe_launch_config(num_tokens, top_k, num_experts, hidden, intermediate, x.dtype,
+    dot_dtype = x.dtype if w13_scale is None else FP8
+    config = launch_config or moe_launch_config(num_tokens, top_k, num_experts, hidden, intermediate, dot_dtype,
                                                 x.device)
     blocks = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"], expert_map, pdl=pdl)
-    h = moe_gate_up(x, w13, blocks, top_k, config, pdl)  # [T * k, I]
-    y = moe_down(h, w2, topk_weights, blocks, config, zero_unrouted=expert_map is not None, pdl=pdl)  # [T * k, H]
+    options = dict(block_shape=block_shape, absmax_bound=absmax_bound, pdl=pdl)
+    h = moe_gate_up(x, w13, blocks, top_k, config, w13_scale, **options)  # [T * k, I]
+    y = moe_down(h, w2, topk_weights, blocks, config, expert_map is not None, w2_scale, **options)  # [T * k, H]
     return y.view(num_tokens, hidden) if top_k == 1 else y.view(num_tokens, top_k, hidden).sum(1)
 
 
-def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int) -> torch.Tensor:
+def _expert_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                       block_shape: tuple[int, int] | None, absmax_bound: float | None) -> torch.Tensor:
+    """x @ weight.T in x's dtype. An e4m3 weight's product as the dense FP8 GEMM computes it: x's rows quantized to
+    e4m3 (whole, or in groups of block_shape's columns), both operands dequantized, multiplied in float32."""
+    if scale is None:
+        return torch.nn.functional.linear(x, weight)
+    if block_shape is None:
+        x_q, x_scale = quantize_rows_fp8_ref(x, absmax_bound=absmax_bound)
+        return ((x_q.float() @ weight.float().T) * x_scale[:, None] * scale[None, :]).to(x.dtype)
+    x_q, x_scale = quantize_row_groups_fp8_ref(x, block_shape[1], absmax_bound)
+    x_real = _dequantized_blocks(x_q, x_scale, (1, block_shape[1]))[:, :x.shape[1]]
+    return (x_real @ _dequantized_blocks(weight, scale, block_shape).T).to(x.dtype)
+
+
+def _dequantized_blocks(values: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int]) -> torch.Tensor:
+    """float32 values times the scale of the block each lies in (blocks cut at the edges)."""
+    rows, columns = values.shape
+    scale = scale.repeat_interleave(block_shape[0], 0)[:rows].repeat_interleave(block_shape[1], 1)[:, :columns]
+    return values.float() * scale
+
+
+def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
+                    w13_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
+                    absmax_bound: float | None = None) -> torch.Tensor:
     """Plain torch, one expert at a time over the pairs in blocks; rows of pairs in no block are zeros."""
     h = torch.zeros(x.shape[0] * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
     for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
-        h[pairs] = silu_and_mul_ref(torch.nn.functional.linear(x[pairs // top_k], w13[expert]))
+        scale = None if w13_scale is None else w13_scale[expert]
+        h[pairs] = silu_and_mul_ref(_expert_linear_ref(x[pairs // top_k], w13[expert], scale, block_shape,
+                                                       absmax_bound))
     return h
 
 
-def moe_down_ref(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks) -> torch.Tensor:
+def moe_down_ref(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks,
+                 w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
+                 absmax_bound: float | None = None) -> torch.Tensor:
     """Plain torch, one expert at a time; rows of pairs in no block are zeros."""
     y = torch.zeros(h.shape[0], w2.shape[1], dtype=h.dtype, device=h.device)
     weights = topk_weights.reshape(-1)
     for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
-        y[pairs] = torch.nn.functional.linear(h[pairs], w2[expert]) * weights[pairs, None].to(h.dtype)
+        scale = None if w2_scale is None else w2_scale[expert]
+        product = _expert_linear_ref(h[pairs], w2[expert], scale, block_shape, absmax_bound)
+        y[pairs] = product * weights[pairs, None].to(h.dtype)
     return y
 
 
@@ -306,17 +440,21 @@ def _pairs_by_expert(blocks: ExpertBlocks, num_pairs: int):
 
 
 def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+                      w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+                      w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
+                      absmax_bound: float | None = None) -> torch.Tensor:
     """Plain torch as Hugging Face's sparse MoE blocks compute it: one local expert at a time over its tokens, its
-    output times the routing weight (in x's dtype) added into the result in x's dtype."""
-    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map)
+    output times the routing weight (in x's dtype) added into the result in x's dtype. FP8 experts' products as the
+    dense FP8 GEMM computes them (_expert_linear_ref)."""
+    _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     experts = topk_ids.long() if expert_map is None else expert_map.long()[topk_ids.long()]
     out = torch.zeros_like(x)
     for expert in range(w13.shape[0]):
         tokens, slots = torch.where(experts == expert)
         if tokens.numel() == 0:
             continue
-        h = silu_and_mul_ref(torch.nn.functional.linear(x[tokens], w13[expert]))
-        y = torch.nn.functional.linear(h, w2[expert]) * topk_weights[tokens, slots, None].to(x.dtype)
-        out.index_add_(0, tokens, y)
+        scales = (None, None) if w13_scale is None else (w13_scale[expert], w2_scale[expert])
+        h = silu_and_mul_ref(_expert_linear_ref(x[tokens], w13[expert], scales[0], block_shape, absmax_bound))
+        y = _expert_linear_ref(h, w2[expert], scales[1], block_shape, absmax_bound)
+        out.index_add_(0, tokens, y * topk_weights[tokens, slots, None].to(x.dtype))
     return out

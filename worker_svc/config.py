@@ -18,7 +18,7 @@ class WorkerConfig:
                               help="auto: a folder or .gguf file; dummy: random weights of a named shape")
     dtype: str = option("float32", choices=DTYPES, help="the weights' and activations' dtype")
     quantization: str = option("auto", choices=QUANTIZATIONS,
-                               help="fp8: the decoder layers' projections in e4m3 with per-channel scales, "
+                               help="fp8: the decoder layers' projections and experts in e4m3 with per-channel scales, "
                                     "activations quantized per token (a GPU needs compute capability 8.9+; the CPU "
                                     "emulates it); auto: as the checkpoint stores them (a pre-quantized FP8 folder "
                                     "is served in FP8)")

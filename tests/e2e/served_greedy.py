@@ -1,9 +1,10 @@
-"""The served greedy check of a model through the real services: token-identical to Hugging Face alone, as samples
-forked over a KV pool too small for them (preemption), and under 8 requests at once with prefix-cache hits."""
+"""The served greedy check of a model through the real services: token-identical to a reference (Hugging Face, or
+the worker's engine in process) alone, as samples forked over a KV pool too small for them (preemption), and under 8
+requests at once with prefix-cache hits."""
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
 
 MAX_NEW_TOKENS = 12
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
@@ -15,12 +16,14 @@ def token_request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sam
                               sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling))
 
 
-def assert_matches_alone_and_together(services, hf, prompts: list[list[int]]) -> None:
-    """services: started with SMALL_POOL; prompts: 8, sharing a first block."""
-    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in prompts]
+def assert_matches_alone_and_together(services, greedy: Callable[[list[int], int], list[int]],
+                                      prompts: list[list[int]]) -> None:
+    """services: started with SMALL_POOL; greedy(prompt, max_new_tokens): the reference's greedy continuation, cut
+    after the first EOS; prompts: 8, sharing a first block."""
+    expected = [greedy(prompt, MAX_NEW_TOKENS) for prompt in prompts]
     assert services.client.generate(token_request(prompts[0])).token_ids == expected[0]
     samples = services.client.generate_samples(token_request(prompts[0], FORKED_TOKENS, n=SAMPLES_OVER_THE_POOL))
-    assert [sample.token_ids for sample in samples] == [hf_greedy(hf, prompts[0], FORKED_TOKENS)] * len(samples)
+    assert [sample.token_ids for sample in samples] == [greedy(prompts[0], FORKED_TOKENS)] * len(samples)
     assert services.load().num_preemptions > 0
     with ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(lambda prompt: services.client.generate(token_request(prompt)), prompts))

@@ -1,8 +1,11 @@
 """gpt-oss served through the real services (random weights, MXFP4 experts, token ids in and out), with a window
 shorter than the prompts in every other layer, sinks, biased experts and YaRN rope: Hugging Face's greedy tokens alone,
 forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2."""
+from functools import partial
+
 import pytest
 
+from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
 from tests.e2e.services import running_services
 from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
@@ -30,4 +33,4 @@ def test_served_gpt_oss_matches_hf(checkpoint, tensor_parallel_size):
     folder, hf = checkpoint
     with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, hf, PROMPTS)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)

@@ -2,12 +2,15 @@
 Qwen2-MoE, Mixtral and OLMoE give Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and
 8 at once with prefix-cache hits, on one worker, at -tp 2 (every expert's intermediate size split) and at -tp 2 with
 --enable-expert-parallel (whole experts on each rank)."""
+from functools import partial
+
 import pytest
 import torch
 
+from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
 from tests.e2e.services import running_services
-from tests.worker.test_moe_families import MOE_FAMILIES, TINY_MOE, lively_state
+from tests.worker.test_moe_families import MOE_FAMILIES, write_tiny_moe
 
 pytestmark = pytest.mark.slow
 
@@ -17,15 +20,11 @@ PARALLELISM = {"one-worker": ((), 1), "tp2": ((), 2), "tp2-expert-parallel": (("
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     built = {}
-    for family, options in MOE_FAMILIES.items():
-        folder = tmp_path_factory.mktemp(family)
-        hf_config = {**TINY_MOE, **options}
-        save_file(lively_state(hf_config), folder / "model.safetensors")
-        AutoConfig.for_model(**hf_config).save_pretrained(folder)
+    for family in MOE_FAMILIES:
+        folder = write_tiny_moe(tmp_path_factory.mktemp(family), family)
         built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return built
 
@@ -37,4 +36,4 @@ def test_served_moe_matches_hf(checkpoints, family, parallelism):
     worker_args, tensor_parallel_size = PARALLELISM[parallelism]
     with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, hf, PROMPTS)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)

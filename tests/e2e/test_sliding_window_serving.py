@@ -2,9 +2,12 @@
 shorter than the prompts: Mistral v0.1's window in every layer (whose blocks before the window go back to the pool)
 and Qwen2's use_sliding_window past max_window_layers give Hugging Face's greedy tokens alone, forked over a small KV
 pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2."""
+from functools import partial
+
 import pytest
 import torch
 
+from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
 from tests.e2e.services import running_services
 from tests.worker.test_model_families import _TINY
@@ -41,4 +44,4 @@ def test_served_window_matches_hf(checkpoints, family, tensor_parallel_size):
     folder, hf = checkpoints[family]
     with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, hf, PROMPTS)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from functools import partial
 
 import grpc
 import psutil
@@ -16,6 +17,7 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from sluice.worker.loading.dummy_weights import random_state_dict
+from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.worker.test_model_families import _TINY, FAMILIES
@@ -31,7 +33,7 @@ TEXTS = [f"{_PREFIX}{topic}" for topic in ("Mars", "Venus", "Jupiter", "Saturn",
 def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_model, hf_tokenizer):
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
     with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
-        assert_matches_alone_and_together(services, hf_model, prompts)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf_model), prompts)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def _qwen3_matches_hf_at_tp2(folder, worker_args: list[str] = ()) -> None:
     prompts = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
     with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
                           tensor_parallel_size=2) as services:
-        assert_matches_alone_and_together(services, hf, prompts)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), prompts)
 
 
 def test_qwen3_shape_at_tp2_matches_hf(tiny_qwen3):

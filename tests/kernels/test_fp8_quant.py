@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from sluice.kernels.fp8_quant import FP8, FP8_MAX, MIN_SCALE, quantize_rows_fp8, quantize_rows_fp8_ref
+from sluice.kernels.fp8_quant import (FP8, FP8_MAX, MIN_SCALE, quantize_row_groups_fp8, quantize_row_groups_fp8_ref,
+                                      quantize_rows_fp8, quantize_rows_fp8_ref)
 
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 E4M3_VALUES = E4M3_VALUES[E4M3_VALUES.isfinite()]
@@ -60,6 +61,22 @@ def test_an_absmax_bound_caps_the_scales(device):
     assert capped.any() and torch.equal(scale[:4][capped], torch.full_like(scale[:4][capped], bound / FP8_MAX))
     assert torch.equal(scale[:4][~capped], quantize_rows_fp8(x)[1][~capped])
     assert (out[:4][capped].float().abs().amax(-1) == FP8_MAX).all()
+
+
+@pytest.mark.parametrize("k", [256, 200])  # 200: a last group of 72 columns, completed with zeros
+def test_row_groups_are_quantized_as_rows(device, k):
+    """Groups of 128 columns, each quantized as a row of its own (block-wise FP8 GEMMs' activations)."""
+    x = torch.cat([_representable_rows(3, 128, torch.bfloat16, device),
+                   _representable_rows(3, k - 128, torch.bfloat16, device)], dim=1)
+    out, scale = quantize_row_groups_fp8(x, 128)
+    ref_out, ref_scale = quantize_row_groups_fp8_ref(x, 128)
+    assert out.shape == (3, 256) and scale.shape == (3, 2)
+    assert torch.equal(scale, ref_scale) and torch.equal(out.float(), ref_out.float())
+    for group in range(2):
+        columns = slice(128 * group, min(128 * (group + 1), k))
+        rows_out, rows_scale = quantize_rows_fp8_ref(x[:, columns])
+        assert torch.equal(scale[:, group], rows_scale) and torch.equal(out[:, columns].float(), rows_out.float())
+    assert not out[:, k:].float().any()
 
 
 def test_refuses_rows_that_are_not_contiguous(device):

@@ -1,5 +1,6 @@
-"""The fused MoE kernels (routing, align, grouped GEMMs) against their plain-torch references, and TritonOps' MoE
-operators on them. Shapes stay small for the interpreter; H and I are no powers of two where the kernels mask."""
+"""The fused MoE kernels (routing, align, grouped GEMMs; FP8 experts with a scale per row or per block) against their
+plain-torch references, and TritonOps' MoE operators on them. Shapes stay small for the interpreter; H and I are no
+powers of two where the kernels mask."""
 import json
 
 import pytest
@@ -8,8 +9,13 @@ import torch
 from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_size, moe_align_block_size_ref, moe_down,
                             moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_launch_config, topk_softmax,
                             topk_softmax_ref)
+from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
+from sluice.worker.models.moe import Experts
+from sluice.worker.ops.fp8_gemm import fp8_gemm_for
+from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.ops.triton_kernels import TritonOps
 from tests.scripts import ROOT, load_script
+from tests.worker.fp8_checkpoints import quantize_blocks
 
 # bf16: the reference adds the experts' outputs in bf16, the kernel in fp32; the interpreter truncates each rounding
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
@@ -203,7 +209,98 @@ def test_launch_config_follows_rows_per_expert():
     assert small["BLOCK_N"] == 64 and small["BLOCK_K"] == 32  # gate and up halves of 32 cover I = 24
 
 
+# -- FP8 experts
+
+BLOCK_SHAPE = (16, 16)  # block-wise experts' blocks at the interpreter's sizes (Qwen's FP8 releases: 128 x 128)
+SCALES = dict(argvalues=[None, BLOCK_SHAPE], ids=["rows", "blocks"])
+
+
+def _fp8(weights: torch.Tensor, block_shape: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked experts' weights [E, N, K] in e4m3 with float32 scales, [E, N] (one per row) or one per block."""
+    if block_shape is None:
+        values, scales = quantize_rows_fp8_ref(weights.flatten(0, 1))
+        return values.view(weights.shape), scales.view(weights.shape[:2])
+    values, scales = zip(*(quantize_blocks(expert, block_shape) for expert in weights))
+    return torch.stack(values), torch.stack(scales)
+
+
+def _fp8_experts(num_experts: int, hidden: int, intermediate: int, block_shape, device) -> tuple:
+    """(w13, w2, w13_scale, w2_scale, the float32 weights they quantize)."""
+    w13, w2 = _experts(num_experts, hidden, intermediate, torch.float32, device)
+    (w13_q, w13_scale), (w2_q, w2_scale) = _fp8(w13, block_shape), _fp8(w2, block_shape)
+    return w13_q, w2_q, w13_scale, w2_scale, (w13, w2)
+
+
+@pytest.mark.parametrize("block_shape", **SCALES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [
+    (1, 8, 2, 72, 32),  # H in cut blocks
+    (37, 16, 4, 96, 48),
+])
+def test_fp8_experts_match_reference(device, block_shape, dtype, num_tokens, num_experts, top_k, hidden,
+                                     intermediate):
+    """e4m3 by e4m3, activations quantized per token (in groups of a block's columns for block-wise weights); the
+    result stays near the unquantized experts'."""
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, hidden, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, unquantized = _fp8_experts(num_experts, hidden, intermediate, block_shape, device)
+    out = fused_experts(x, weights, ids, w13, w2, None, w13_scale, w2_scale, block_shape)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2, None, w13_scale, w2_scale,
+                                                      block_shape), **TOL[dtype])
+    exact = fused_experts_ref(x.float(), weights, ids, *unquantized)
+    assert ((out.float() - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.1
+
+
+@pytest.mark.parametrize("block_shape", **SCALES)
+def test_fp8_experts_without_tokens_and_on_two_ranks(device, block_shape):
+    """Five tokens routed to experts 2 and 13 of 16 only, then the odd experts on the second of two ranks."""
+    x = torch.randn(5, 72, device=device)
+    ids = torch.tensor([[2, 13], [13, 2], [2, 13], [2, 13], [13, 2]], dtype=torch.int32, device=device)
+    weights = torch.rand(5, 2, device=device)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(16, 72, 32, block_shape, device)
+    torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2, None, w13_scale, w2_scale, block_shape),
+                               fused_experts_ref(x, weights, ids, w13, w2, None, w13_scale, w2_scale, block_shape),
+                               **TOL[torch.float32])
+    expert_map = torch.full((16,), -1, dtype=torch.int32, device=device)
+    expert_map[1::2] = torch.arange(8, dtype=torch.int32, device=device)
+    odd = (w13[1::2], w2[1::2], expert_map, w13_scale[1::2], w2_scale[1::2], block_shape)
+    torch.testing.assert_close(fused_experts(x, weights, ids, *odd), fused_experts_ref(x, weights, ids, *odd),
+                               **TOL[torch.float32])
+
+
+def test_fp8_activations_are_clipped_at_an_absmax_bound(device):
+    weights, ids = _routing(5, 8, 2, device)
+    x = torch.randn(5, 64, device=device)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(8, 64, 32, None, device)
+    bound = x.abs().amax(-1).min().item() / 2
+    fp8 = (w13, w2, None, w13_scale, w2_scale, None)
+    out = fused_experts(x, weights, ids, *fp8, absmax_bound=bound)
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, *fp8, absmax_bound=bound),
+                               **TOL[torch.float32])
+    assert not torch.allclose(out, fused_experts(x, weights, ids, *fp8))
+
+
+def test_rejects_fp8_experts_without_fitting_scales(device):
+    weights, ids = _routing(1, 8, 2, device)
+    x = torch.randn(1, 64, device=device)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(8, 64, 48, BLOCK_SHAPE, device)
+    with pytest.raises(ValueError, match="both be e4m3 with scales"):
+        fused_experts(x, weights, ids, w13, w2, None, w13_scale, None, BLOCK_SHAPE)
+    with pytest.raises(ValueError, match=r"w13 .* float32 scale \(8, 6, 4\)"):
+        fused_experts(x, weights, ids, w13, w2, None, w13_scale[:, :5], w2_scale, BLOCK_SHAPE)
+    with pytest.raises(ValueError, match="halves of 48 rows are no whole FP8 blocks of 32"):
+        fused_experts(x, weights, ids, w13, w2, None, w13_scale[:, :4], w2_scale[:, :2], (32, 16))
+
+
 # -- the operators
+
+def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None) -> Experts:
+    """The worker's Experts module over stacked weights (and their scales)."""
+    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape)
+    layer.load_state_dict(dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales))), assign=True)
+    return layer
+
 
 def test_triton_ops_route_and_run_the_experts(device):
     ops = TritonOps()
@@ -216,8 +313,23 @@ def test_triton_ops_route_and_run_the_experts(device):
     x = torch.randn(num_tokens, hidden, device=device).to(torch.bfloat16)
     w13, w2 = _experts(num_experts, hidden, intermediate, torch.bfloat16, device)
     expert_map = torch.arange(num_experts, dtype=torch.int32, device=device) - 4  # experts 0-3 remote
-    torch.testing.assert_close(ops.fused_experts(x, weights, ids, w13[4:], w2[4:], expert_map),
+    torch.testing.assert_close(ops.fused_experts(x, weights, ids, _experts_layer(w13[4:], w2[4:]), expert_map),
                                fused_experts_ref(x, weights, ids, w13[4:], w2[4:], expert_map), **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("block_shape", **SCALES)
+def test_triton_ops_run_fp8_experts_as_the_torch_ops_do(device, block_shape):
+    """Against the worker's plain-torch operators (the FP8 GEMM's product, or block-wise operands dequantized and
+    multiplied), under an expert map: experts 0-3 on another rank."""
+    gemm = fp8_gemm_for(device, quantize_rows_fp8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weights, ids = _routing(5, 16, 4, device)
+    x = torch.randn(5, 72, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(12, 72, 32, block_shape, device)
+    layer = _experts_layer(w13, w2, w13_scale, w2_scale, block_shape=block_shape)
+    expert_map = torch.arange(16, dtype=torch.int32, device=device) - 4
+    torch.testing.assert_close(TritonOps(gemm).fused_experts(x, weights, ids, layer, expert_map),
+                               TorchOps(gemm).fused_experts(x, weights, ids, layer, expert_map), **TOL[dtype])
 
 
 # -- the benchmark
@@ -245,6 +357,20 @@ def test_realistic_qwen3_moe(device, num_tokens):
     x = torch.randn(num_tokens, 2048, device=device).to(torch.bfloat16)
     w13, w2 = _experts(128, 2048, 768, torch.bfloat16, device)
     torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2), fused_experts_ref(x, weights, ids, w13, w2),
+                               **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_shape", [None, (128, 128)], ids=["rows", "blocks"])
+@pytest.mark.parametrize("num_tokens", [1, 256, 4096])
+def test_realistic_qwen3_moe_fp8(device, block_shape, num_tokens):
+    """Qwen3-30B-A3B's experts in FP8, bf16 activations: a scale per row (`--quantization fp8`), or per 128 x 128
+    block (Qwen3-30B-A3B-FP8)."""
+    weights, ids = topk_softmax(_distinct_logits(num_tokens, 128, device, torch.bfloat16), 8, True)
+    x = torch.randn(num_tokens, 2048, device=device).to(torch.bfloat16)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(128, 2048, 768, block_shape, device)
+    fp8 = (w13, w2, None, w13_scale, w2_scale, block_shape)
+    torch.testing.assert_close(fused_experts(x, weights, ids, *fp8), fused_experts_ref(x, weights, ids, *fp8),
                                **TOL[torch.bfloat16])
 
 

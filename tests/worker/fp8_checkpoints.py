@@ -1,6 +1,7 @@
 """Pre-quantized FP8 folders of a float checkpoint, laid out as they are published on the Hugging Face hub: every
-projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) on its own, in e4m3 with its weight_scale,
-the embedding and the norms as they were, and the tokenizer files beside them."""
+projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; every expert's, Mixtral's w1, w3 and w2
+included) on its own, in e4m3 with its weight_scale, the embedding, the norms and the routers as they were, and the
+tokenizer files beside them."""
 import json
 import shutil
 from pathlib import Path
@@ -11,17 +12,18 @@ from safetensors.torch import load_file, save_file
 
 from sluice.worker.ops.fp8 import FP8_MAX, quantize_rows, to_fp8
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 STATIC_INPUT_SCALE = 0.05  # a static activation scale the worker does not read (it quantizes per token)
 BLOCK = (128, 128)  # the weight blocks of strategy "block", as Qwen's and DeepSeek's FP8 releases have them
 
 
-def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = ()) -> Path:
+def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str, ignore: tuple[str, ...] = (),
+                         block: tuple[int, int] = BLOCK) -> Path:
     """method: "fp8" (weight_scale [out] per channel or [] per tensor, static input_scale []), "compressed-tensors"
     ([out, 1] per channel with activations dynamic per token, [1] per tensor with a static input_scale [1]),
     "fbgemm_fp8" ([out, 1], per channel only) or "modelopt" (as "fp8", its config in hf_quant_config.json, as NVIDIA's
     first releases have it); strategy: "channel" (the rows and scales that `--quantization fp8`
-    computes), "tensor" or "block" (one scale per BLOCK, activations dynamic: fp8's weight_scale_inv,
+    computes), "tensor" or "block" (one scale per block of `block`, activations dynamic: fp8's weight_scale_inv,
     compressed-tensors' weight_scale); ignore: the Hugging Face names of projections kept as they are, listed in the
     config beside lm_head."""
     target.mkdir(parents=True)
@@ -29,7 +31,7 @@ def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str,
         if path.suffix not in (".safetensors", ".gguf") and path.name != "config.json":
             shutil.copy(path, target / path.name)
     hf_config = json.loads((source / "config.json").read_text())
-    quantization = _quantization_config(method, strategy, ["lm_head", *ignore])
+    quantization = _quantization_config(method, strategy, ["lm_head", *ignore], block)
     if method == "modelopt":
         (target / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
                                                                  "quantization": quantization}))
@@ -42,7 +44,7 @@ def write_fp8_checkpoint(source: Path, target: Path, method: str, strategy: str,
             state[name] = tensor
             continue
         if strategy == "block":
-            state[name], state[name + ("_scale_inv" if method == "fp8" else "_scale")] = _quantize_blocks(tensor)
+            state[name], state[name + ("_scale_inv" if method == "fp8" else "_scale")] = quantize_blocks(tensor, block)
             continue
         weight, scale = quantize_rows(tensor) if strategy == "channel" else _quantize_tensor(tensor)
         state[name], state[name + "_scale"] = weight, scale.reshape(_scale_shape(method, strategy, len(weight)))
@@ -59,12 +61,12 @@ def _quantize_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weight_q.reshape(weight.shape), scale
 
 
-def _quantize_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 weight, scale [ceil(rows / 128), ceil(columns / 128)]): each block's absolute maximum maps to the e4m3
-    maximum; the blocks at the edges are cut."""
+def quantize_blocks(weight: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, scale [ceil(rows / block rows), ceil(columns / block columns)]): each block's absolute maximum
+    maps to the e4m3 maximum; the blocks at the edges are cut."""
     rows, columns = weight.shape
-    padded = F.pad(weight.float(), (0, -columns % BLOCK[1], 0, -rows % BLOCK[0]))
-    blocks = padded.unflatten(1, (-1, BLOCK[1])).unflatten(0, (-1, BLOCK[0]))  # [row blocks, 128, column blocks, 128]
+    padded = F.pad(weight.float(), (0, -columns % block[1], 0, -rows % block[0]))
+    blocks = padded.unflatten(1, (-1, block[1])).unflatten(0, (-1, block[0]))  # [row blocks, rows, column blocks, ...]
     scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(1e-12)
     quantized = to_fp8(blocks, scale[:, None, :, None]).flatten(2).flatten(0, 1)[:rows, :columns]
     return quantized.contiguous(), scale
@@ -77,9 +79,9 @@ def _scale_shape(method: str, strategy: str, rows: int) -> tuple[int, ...]:
     return (rows,) if scalar_shaped else (rows, 1)
 
 
-def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
+def _quantization_config(method: str, strategy: str, ignore: list[str], block: tuple[int, int]) -> dict:
     if method == "fp8" and strategy == "block":
-        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK),
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block),
                 "ignored_layers": ignore}
     if method == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
@@ -93,8 +95,8 @@ def _quantization_config(method: str, strategy: str, ignore: list[str]) -> dict:
     activations = {"num_bits": 8, "type": "float", "strategy": "tensor" if static else "token", "symmetric": True,
                    "dynamic": not static}
     if strategy == "block":
-        weights["block_structure"] = list(BLOCK)
-        activations |= {"strategy": "group", "group_size": BLOCK[1]}
+        weights["block_structure"] = list(block)
+        activations |= {"strategy": "group", "group_size": block[1]}
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
         "ignore": ignore, "kv_cache_scheme": None,

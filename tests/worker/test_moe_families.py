@@ -2,6 +2,8 @@
 norms), at a tiny size with random weights and dense layers mixed in where the family has them: token-identical to
 Hugging Face greedy on one device, and a rank group, sharding every expert's intermediate size or placing whole
 experts on the ranks, gives the whole model's tokens."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,22 +37,24 @@ def lively_state(hf_config: dict) -> dict[str, torch.Tensor]:
     return {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict:
-    """Each family's checkpoint folder, as transformers saves it (experts one by one)."""
+def write_tiny_moe(folder: Path, family: str, **options) -> Path:
+    """The family's tiny checkpoint (options change its config), as transformers saves it (experts one by one)."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    folders = {}
-    for family, options in MOE_FAMILIES.items():
-        folders[family] = tmp_path_factory.mktemp(family)
-        hf_config = {**TINY_MOE, **options}
-        save_file(lively_state(hf_config), folders[family] / "model.safetensors")
-        AutoConfig.for_model(**hf_config).save_pretrained(folders[family])
-    return folders
+    hf_config = {**TINY_MOE, **MOE_FAMILIES[family], **options}
+    save_file(lively_state(hf_config), folder / "model.safetensors")
+    AutoConfig.for_model(**hf_config).save_pretrained(folder)
+    return folder
 
 
-def _engine(folder, worker_config: WorkerConfig, group=None) -> WorkerEngine:
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    return {family: write_tiny_moe(tmp_path_factory.mktemp(family), family) for family in MOE_FAMILIES}
+
+
+def load_engine(folder, worker_config: WorkerConfig, group=None) -> WorkerEngine:
+    """The folder's model alone, or the rank's part of it in group."""
     rank, world_size = (0, 1) if group is None else (group.rank, group.world_size)
     checkpoint = load_checkpoint(folder, rank, world_size, worker_config.enable_expert_parallel)
     return WorkerEngine(worker_config, ModelLoader(worker_config, group).build(*checkpoint), group)
@@ -64,7 +68,7 @@ def test_moe_family_matches_hf(family, checkpoints):
     expected = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     for batch in (PROMPTS, PROMPTS[2:]):
-        engine = _engine(checkpoints[family], WorkerConfig(model=family))
+        engine = load_engine(checkpoints[family], WorkerConfig(model=family))
         assert run_greedy(engine, batch, 12, chunk=5) == expected[len(PROMPTS) - len(batch):]
 
 
@@ -75,8 +79,8 @@ def test_dense_and_sparse_layers_are_read_as_each_family_places_them(checkpoints
 
 def _check_sharded_rank(group, checkpoints: dict, expert_parallel: bool) -> None:
     for family, folder in sorted(checkpoints.items()):
-        whole = _engine(folder, WorkerConfig(model=family))
-        sharded = _engine(folder, WorkerConfig(model=family, enable_expert_parallel=expert_parallel), group)
+        whole = load_engine(folder, WorkerConfig(model=family))
+        sharded = load_engine(folder, WorkerConfig(model=family, enable_expert_parallel=expert_parallel), group)
         moe = whole.model_config.moe
         experts = sharded.model.layers[moe.sparse_layers[0]].mlp.experts
         assert experts.w13.shape[0] == moe.num_experts // (2 if expert_parallel else 1)

@@ -1,7 +1,7 @@
 """A pre-quantized checkpoint's FP8 weight scales in the worker's layout: one float32 scale per output channel."""
 import torch
 
-from sluice.worker.ops.fp8 import quantize_rows
+from sluice.worker.ops.fp8 import dequantize_blocks, quantize_rows
 
 
 def per_channel_scales(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -22,6 +22,4 @@ def per_channel_from_blocks(weight: torch.Tensor, block_scale: torch.Tensor,
                             block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 weight, float32 scale [rows]): a block-wise weight (block_scale [ceil(rows / block rows), ceil(columns /
     block columns)], the last blocks cut at the edges) dequantized and quantized again per output channel."""
-    rows, columns = weight.shape
-    scale = block_scale.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :columns]
-    return quantize_rows(weight.float() * scale)
+    return quantize_rows(dequantize_blocks(weight, block_scale.float(), block))

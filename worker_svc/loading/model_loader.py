@@ -11,6 +11,7 @@ from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.models.families import model_classes
+from sluice.worker.models.moe import keep_stored_expert_precision
 from sluice.worker.models.registry import ARCHITECTURES, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
@@ -53,11 +54,13 @@ class ModelLoader:
     def build(self, model_config: ModelConfig, state: dict[str, torch.Tensor],
               draft: Checkpoint | None = None) -> LoadedModel:
         """model_config: the whole model's; state: the rank's weights in the worker's layout (see
-        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections of an unquantized checkpoint,
-        each row with its own scale; a pre-quantized checkpoint's projections stay as it stores them.
+        weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections and experts of an unquantized
+        checkpoint, each row with its own scale; a pre-quantized checkpoint's stay as it stores them.
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
-        if model_config.moe is not None and "fp8" in (self.config.quantization, model_config.quantization):
-            raise ValueError(f"FP8 experts are not implemented yet: serve {model_config.architecture} unquantized")
+        fp8 = "fp8" in (self.config.quantization, model_config.quantization)
+        if fp8 and traits_for(model_config.architecture).stacked_experts:
+            raise ValueError(f"FP8 is not implemented for {model_config.architecture}'s biased experts: serve it "
+                             "unquantized")
         if self.config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)
@@ -91,6 +94,7 @@ class ModelLoader:
             model = whole_model(model_config, traits, ops) if self.group is None else \
                 rank_model(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
+            keep_stored_expert_precision(model, state)
         _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)

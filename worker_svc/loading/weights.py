@@ -16,6 +16,7 @@ from sluice.worker.loading.stacked_experts import arrange_stacked_experts
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
+from sluice.worker.ops.fp8 import FP8
 
 log = logging.getLogger("sluice.worker")
 _BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names
@@ -32,42 +33,46 @@ def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1,
 def _load_hf_folder(folder: Path, rank: int, world_size: int,
                     expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
-    again per channel, MXFP4 experts whole, to dequantize them). A quantization_config the worker cannot load fails
-    here, before any weight is read (fp8_checkpoint.py)."""
+    again per channel, but an expert's, which keeps its blocks; MXFP4 experts whole, to dequantize them). A
+    quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py)."""
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
     hf_config["quantization_config"] = quantization_config(folder, hf_config)
     mxfp4 = is_mxfp4(hf_config)
-    config = dataclasses.replace(ModelConfig.from_hf(hf_config),
-                                 quantization=None if mxfp4 else checkpoint_quantization(hf_config),
-                                 activation_absmax_bound=activation_absmax_bound(hf_config))
+    quantization, block = None if mxfp4 else checkpoint_quantization(hf_config), weight_block_size(hf_config)
+    config = ModelConfig.from_hf(hf_config)
+    config = dataclasses.replace(config, quantization=quantization,
+                                 activation_absmax_bound=activation_absmax_bound(hf_config),
+                                 expert_weight_block=None if config.moe is None else block)
     layout = ShardLayout(config, rank, world_size, expert_parallel)
     files = sorted(folder.glob("*.safetensors"))
-    block = weight_block_size(hf_config)
     block_scales = _block_scales(files) if block else {}
     fp4_scales = mxfp4_scales(files) if mxfp4 else {}
     if block:
-        log.warning("block-wise FP8 weights (blocks of %d x %d) are quantized again per output channel: a little "
-                    "less accurate than the checkpoint", *block)
+        layout.check_expert_blocks(block)
+        log.warning("block-wise FP8 weights (blocks of %d x %d) are quantized again per output channel, but a "
+                    "mixture's experts: a little less accurate than the checkpoint", *block)
     state: dict[str, torch.Tensor] = {}
     for shard in files:
         with safe_open(shard, framework="pt") as file:
             for name in file.keys():
-                if block and name.endswith(_BLOCK_SCALE_SUFFIXES) or mxfp4 and name.endswith(SCALES):
+                if mxfp4 and name.endswith(SCALES):
                     continue
                 if mxfp4 and name.endswith(BLOCKS):
                     dequantized = name.removesuffix(BLOCKS)
                     weight = dequantized_projection(file.get_tensor(name), fp4_scales[dequantized])
                     state[dequantized] = layout.shard(dequantized, weight)
                     continue
-                if name in block_scales:
+                if block and name.endswith(_BLOCK_SCALE_SUFFIXES) or not layout.holds(name):
+                    continue
+                if name in block_scales and not layout.is_expert(name):
                     weight, scale = per_channel_from_blocks(file.get_tensor(name), block_scales[name], block)
                     state[name] = layout.shard(name, weight)
                     state[f"{name}_scale"] = layout.shard(f"{name}_scale", scale)
                     continue
-                if not layout.holds(name):
-                    continue
+                if name in block_scales:  # an expert keeps its blocks: the fused MoE kernels read them
+                    state[f"{name}_block_scale"] = layout.shard_block_scale(name, block_scales[name].float(), block)
                 part, pieces = file.get_slice(name), layout.pieces_of(name)
                 if pieces is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
                     state[name] = file.get_tensor(name)
@@ -114,7 +119,7 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
         elif config.has_experts(layer):
             stack_experts(state, prefix, traits, config.moe.num_experts)
         for fused, parts in FUSED_PROJECTIONS.items():
-            if f"{prefix}{parts[0]}.weight" not in state:  # published fused, or an MoE layer's (no dense MLP)
+            if f"{prefix}{parts[0]}.weight" not in state:  # fused as published, or a layer without it
                 continue
             _check_one_precision(state, prefix, parts)
             for kind in ("weight", "weight_scale", "bias"):
@@ -127,26 +132,35 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: ArchitectureTraits, num_experts: int) -> None:
-    """In place: the layer's experts (those the state holds, in order) stacked into mlp.experts.w13 and w2, where
-    the rank holds some only the map of their local indices (mlp.expert_map), and its router and shared expert named
-    as the worker's modules (mlp.gate, mlp.shared_expert.gate_up_proj, ...)."""
+    """In place: the layer's experts (those the state holds, in order) stacked into mlp.experts.w13 and w2 (FP8 ones'
+    scales alike into w13_scale and w2_scale, a scale per row or per block; see models.moe.Experts), where the rank
+    holds some only the map of their local indices (mlp.expert_map), and its router named as the worker's module
+    (mlp.gate)."""
     moe = f"{prefix}{traits.expert_prefix}."
     gate, up, down = traits.expert_projections
     held = sorted({int(name[len(moe) + len("experts."):].split(".")[0]) for name in state
                    if name.startswith(f"{moe}experts.")})
     expert = [f"{moe}experts.{e}." for e in held]
-    state[f"{prefix}mlp.experts.w13"] = torch.stack(
-        [torch.cat([state.pop(f"{e}{gate}.weight"), state.pop(f"{e}{up}.weight")]) for e in expert])
-    state[f"{prefix}mlp.experts.w2"] = torch.stack([state.pop(f"{e}{down}.weight") for e in expert])
+    _check_experts_precision(state, [f"{e}{part}.weight" for e in expert for part in (gate, up, down)])
+    for kind, suffix in (("weight", ""), ("weight_scale", "_scale"), ("weight_block_scale", "_scale")):
+        if f"{expert[0]}{gate}.{kind}" in state:
+            state[f"{prefix}mlp.experts.w13{suffix}"] = torch.stack(
+                [torch.cat([state.pop(f"{e}{gate}.{kind}"), state.pop(f"{e}{up}.{kind}")]) for e in expert])
+            state[f"{prefix}mlp.experts.w2{suffix}"] = torch.stack([state.pop(f"{e}{down}.{kind}") for e in expert])
     state[f"{prefix}mlp.gate.weight"] = state.pop(f"{moe}gate.weight")
     if len(held) < num_experts:
         expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
         expert_map[held] = torch.arange(len(held), dtype=torch.int32)
         state[f"{prefix}mlp.expert_map"] = expert_map
-    shared = f"{prefix}mlp.shared_expert."
-    if f"{shared}gate_proj.weight" in state:
-        state[f"{shared}gate_up_proj.weight"] = torch.cat([state.pop(f"{shared}gate_proj.weight"),
-                                                           state.pop(f"{shared}up_proj.weight")])
+
+
+def _check_experts_precision(state: dict[str, torch.Tensor], names: list[str]) -> None:
+    """A layer's experts are all FP8 or all unquantized: one grouped GEMM runs them."""
+    fp8 = [name for name in names if state[name].dtype == FP8]
+    if 0 < len(fp8) < len(names):
+        other = next(name for name in names if state[name].dtype != FP8)
+        raise ValueError(f"the experts of a layer must share a precision; the checkpoint stores {fp8[0]} in FP8 and "
+                         f"{other} in {state[other].dtype}")
 
 
 def _check_one_precision(state: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> None:

@@ -26,6 +26,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py)
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
+    expert_weight_block: tuple[int, int] | None = None  # FP8 experts' blocks (rows, columns); None: a scale a row
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window in tokens, 0 for full attention (() all full)
     partial_rotary_factor: float = 1.0  # the share of each head's leading dims that rotary rotates (Phi-4-mini: 0.75)

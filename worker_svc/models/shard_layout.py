@@ -8,9 +8,10 @@ whole with a row-parallel one. Norms are replicated (q/k norms are per head_dim,
 for norms of a whole q or k projection, split with its heads. With fewer KV heads than ranks, each KV head is replicated
 on the ranks whose q heads read it. A mixture of experts splits every expert's intermediate size as the MLP's, or under
 expert parallelism places whole experts on the ranks; the router is replicated, a shared expert split as the MLP.
-Stacked experts (gpt-oss) split their interleaved gate/up columns in pairs, and attention sinks go with their heads. A
-row-parallel bias (o_proj's and the stacked experts' down bias) is added once: the first rank holds it, the others an
-empty slice padded with zeros.
+Experts in FP8 blocks keep them, so a rank's intermediate columns must be whole blocks, and their block scales are split
+with them. Stacked experts (gpt-oss) split their interleaved gate/up columns in pairs, and attention sinks go with their
+heads. A row-parallel bias (o_proj's and the stacked experts' down bias) is added once: the first rank holds it, the
+others an empty slice padded with zeros.
 """
 import dataclasses
 import re
@@ -27,11 +28,12 @@ _KV_ROWS = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_pro
 _INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _SHARED_EXPERT_ROWS = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(?:weight|weight_scale|input_scale)$")  # an expert's tensors
 _ADDED_ONCE = {"self_attn.o_proj.bias": 0, "mlp.experts.down_proj_bias": 1}  # row-parallel biases: their hidden dim
 FUSED_PROJECTIONS = {  # the worker's fused projections, and their parts as checkpoints publish them apart
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.shared_expert.gate_up_proj": ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"),
 }
 _FUSED_KINDS = (".weight", ".weight_scale", ".bias")
 
@@ -120,6 +122,22 @@ class ShardLayout:
         return dataclasses.replace(self.config, num_heads=len(self.q_heads), num_kv_heads=len(self.kv_heads),
                                    intermediate_size=len(self.intermediate), vocab_size=self.vocab_per_rank, moe=moe)
 
+    def check_expert_blocks(self, block: tuple[int, int]) -> None:
+        """Experts in FP8 blocks of (rows, columns) keep them: the rank's columns of every expert's intermediate size
+        must be whole blocks of both."""
+        if self.config.moe is None:
+            return
+        part = self.expert_intermediate
+        if any(part.start % size or part.stop % size for size in block):
+            split = len(part) < self.config.moe.intermediate_size
+            hint = " (--enable-expert-parallel places whole experts on the ranks)" if split else ""
+            raise ValueError(f"rank {self.rank} of {self.world_size} would hold columns {part.start}-{part.stop} of "
+                             f"the experts' {self.config.moe.intermediate_size} intermediate ones, not whole FP8 "
+                             f"weight blocks of {block[0]} x {block[1]}{hint}")
+
+    def is_expert(self, name: str) -> bool:
+        return _EXPERT.search(name) is not None
+
     def holds(self, name: str) -> bool:
         """Whether the rank holds any of a Hugging Face-named weight (under expert parallelism, only its experts')."""
         expert = _EXPERT.search(name)
@@ -144,16 +162,22 @@ class ShardLayout:
     def _fused_parts(self, name: str) -> list[tuple[str, int]] | None:
         """Each part of a projection the checkpoint publishes fused (of its weight, scale or bias): its name as
         published apart, and its rows in the whole model. None for another weight."""
-        config = self.config
-        q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        rows = {"self_attn.q_proj": q_rows, "self_attn.k_proj": kv_rows, "self_attn.v_proj": kv_rows,
-                "mlp.gate_proj": config.intermediate_size, "mlp.up_proj": config.intermediate_size}
         for fused, parts in FUSED_PROJECTIONS.items():
             for kind in _FUSED_KINDS:
-                if name.endswith(f"{fused}{kind}"):
+                if name.endswith(f".{fused}{kind}"):
                     prefix = name.removesuffix(f"{fused}{kind}")
-                    return [(f"{prefix}{part}{kind}", rows[part]) for part in parts]
+                    return [(f"{prefix}{part}{kind}", self._part_rows(part)) for part in parts]
         return None
+
+    def _part_rows(self, part: str) -> int:
+        """The rows of one part of a fused projection in the whole model."""
+        config = self.config
+        q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        if part.startswith("self_attn."):
+            return q_rows if part == "self_attn.q_proj" else kv_rows
+        if part.startswith("mlp.shared_expert."):
+            return config.moe.shared_expert_intermediate_size
+        return config.intermediate_size
 
     def slice_of(self, name: str) -> ShardSlice | None:
         """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
@@ -212,6 +236,15 @@ class ShardLayout:
         if name.endswith("gate_up_proj_bias"):
             return ShardSlice(1, 2 * columns.start, 2 * columns.stop, 2 * len(columns))
         return _columns(columns)
+
+    def shard_block_scale(self, name: str, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+        """The scales of the rank's blocks of a block-wise weight, whose slice check_expert_blocks found whole blocks;
+        scale: [ceil(rows / block rows), ceil(columns / block columns)]."""
+        piece = self.slice_of(name)
+        if piece is None:
+            return scale
+        size = block[piece.dim]
+        return scale.narrow(piece.dim, piece.start // size, -(-(piece.stop - piece.start) // size)).clone()
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The rank's part of a whole weight, as its own tensor."""

@@ -2,7 +2,8 @@
 
 y = (x_q * x_scale) @ (w_q * w_scale).T + bias (fp8_gemm.py runs it). A token's scale maps its absolute maximum to
 e4m3's largest value, or, under an absmax_bound (fbgemm_fp8's activation_scale_ub), the smaller of the two: larger
-elements saturate.
+elements saturate. A mixture's experts (models/moe.py) are e4m3 with a scale per row too, or with a scale per block
+of a block-wise checkpoint, whose activations are quantized per token in groups of a block's columns.
 """
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,9 @@ from torch import nn
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
 _MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of zero
-QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+QUANTIZED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj",
+                     "mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj")
+QUANTIZED_EXPERTS = ("mlp.experts.w13", "mlp.experts.w2")  # [experts, rows, columns], each expert's rows scaled
 
 
 class Fp8Linear(nn.Module):
@@ -45,14 +48,40 @@ def dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
     return (x_q.float() * scale[:, None]).to(dtype)
 
 
+def quantize_row_groups(x: torch.Tensor, group: int,
+                        absmax_bound: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3 [rows, columns], scale float32 [rows, ceil(columns / group)]): each row's groups of `group` columns
+    (the last one cut) quantized as quantize_rows quantizes a row."""
+    rows, columns = x.shape
+    x_q, scale = quantize_rows(F.pad(x, (0, -columns % group)).reshape(-1, group), absmax_bound=absmax_bound)
+    return x_q.reshape(rows, -1)[:, :columns], scale.reshape(rows, -1)
+
+
+def dequantize_blocks(x_q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """float32 x_q [rows, columns] times the scale [ceil(rows / block rows), ceil(columns / block columns)] of the
+    block each element lies in (the blocks at the edges cut)."""
+    rows, columns = x_q.shape
+    return x_q.float() * scale.repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :columns]
+
+
 def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The worker-layout state of an unquantized checkpoint with every decoder linear layer's weight in e4m3 plus its
-    per-channel weight_scale."""
+    per-channel weight_scale, and every layer's stacked experts (w13, w2) in e4m3 plus their per-row scales
+    (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py)."""
     quantized = dict(state)
     for name, tensor in state.items():
         if name.endswith(".weight") and name.removesuffix(".weight").endswith(QUANTIZED_LINEARS):
             quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
+        elif name.endswith(QUANTIZED_EXPERTS):
+            quantized[name], quantized[f"{name}_scale"] = _quantize_experts(tensor)
     return quantized
+
+
+def _quantize_experts(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 [experts, rows, columns], float32 scales [experts, rows]): each expert's rows as quantize_rows quantizes
+    them, one expert at a time (a float32 copy of one expert, not of the layer's)."""
+    experts = [quantize_rows(expert) for expert in weights]
+    return torch.stack([values for values, _ in experts]), torch.stack([scales for _, scales in experts])
 
 
 def keep_stored_precision(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -2,15 +2,17 @@
 arithmetic), then multiplied by the e4m3 weight. On a device with FP8 GEMMs (CUDA compute capability 8.9 and up) the
 product runs in torch._scaled_mm, accumulated in the tensor cores' fast FP8 accumulator; on the CPU the same
 arithmetic is emulated, accumulated in float32. A kernel that produces the activations (a norm, the MLP's gate) may
-quantize them itself and hand the product QuantizedRows.
+quantize them itself and hand the product QuantizedRows. In plain torch, the experts of a block-wise checkpoint
+multiply as emulated_block_fp8_linear computes it.
 """
 import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
-from sluice.worker.ops.fp8 import quantize_rows
+from sluice.worker.ops.fp8 import dequantize_blocks, quantize_row_groups, quantize_rows
 
 RowQuantizer = Callable[[torch.Tensor, int | None, float | None], tuple[torch.Tensor, torch.Tensor]]
 
@@ -41,6 +43,16 @@ def scaled_mm_fp8_product(x: QuantizedRows, weight: torch.Tensor, weight_scale: 
     y = torch._scaled_mm(x.values, weight.T, scale_a=x.scales[:, None], scale_b=weight_scale[None, :],
                          out_dtype=torch.bfloat16, use_fast_accum=True)[:x.rows]
     return (y if bias is None else y + bias).to(x.dtype)
+
+
+def emulated_block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                              block: tuple[int, int], absmax_bound: float | None = None) -> torch.Tensor:
+    """x @ weight.T in x's dtype for an e4m3 weight with a float32 scale per block of `block` (rows, columns), as
+    vLLM's block-wise FP8 GEMM computes it: x's rows quantized in groups of the block's columns, both operands
+    dequantized and multiplied in float32."""
+    x_q, x_scale = quantize_row_groups(x, block[1], absmax_bound)
+    x_real = dequantize_blocks(x_q, x_scale, (1, block[1]))
+    return F.linear(x_real, dequantize_blocks(weight, weight_scale, block)).to(x.dtype)
 
 
 def unpadded_rows(rows: int) -> int:

@@ -5,7 +5,7 @@ from torch import nn
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8, to_fp8
-from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_fp8_linear
+from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
 
 
 class TorchOps:
@@ -79,20 +79,32 @@ class TorchOps:
             weights /= weights.sum(dim=-1, keepdim=True)
         return weights, expert_ids.to(torch.int32)
 
-    @staticmethod
-    def fused_experts(x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, w13: torch.Tensor,
-                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
-        """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e (w13[i] and w2[i], i its local
-        index: expert_map[e], or e without a map) computes down(silu(gate(x)) * up(x)); a pair whose expert maps to -1
-        (another rank holds it) adds nothing. Expert by expert, as transformers computes it."""
+    def fused_experts(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts: nn.Module,
+                      expert_map: torch.Tensor | None = None) -> torch.Tensor:
+        """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e (experts.w13[i] and w2[i], i its
+        local index: expert_map[e], or e without a map) computes down(silu(gate(x)) * up(x)); a pair whose expert maps
+        to -1 (another rank holds it) adds nothing. Expert by expert, as transformers computes it; FP8 experts
+        (models/moe.py) as the FP8 GEMMs compute a linear layer's product."""
         out = torch.zeros_like(x)
         local = expert_ids.long() if expert_map is None else expert_map[expert_ids.long()].long()
         weights = weights.to(x.dtype)
         for expert in torch.unique(local[local >= 0]).tolist():
             token, slot = torch.where(local == expert)
-            gate, up = F.linear(x[token], w13[expert]).chunk(2, dim=-1)
-            out.index_add_(0, token, F.linear(F.silu(gate) * up, w2[expert]) * weights[token, slot, None])
+            w13_scale, w2_scale = (None, None) if experts.w13_scale is None else \
+                (experts.w13_scale[expert], experts.w2_scale[expert])
+            gate, up = self._expert_product(x[token], experts.w13[expert], w13_scale, experts.block_shape).chunk(2, -1)
+            down = self._expert_product(F.silu(gate) * up, experts.w2[expert], w2_scale, experts.block_shape)
+            out.index_add_(0, token, down * weights[token, slot, None])
         return out
+
+    def _expert_product(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
+                        block_shape: tuple[int, int] | None) -> torch.Tensor:
+        """x @ weight.T for one expert's projection, an e4m3 one with its scale per row or per block."""
+        if scale is None:
+            return F.linear(x, weight)
+        if block_shape is None:
+            return self.fp8_gemm(x, weight, scale, None)
+        return emulated_block_fp8_linear(x, weight, scale, block_shape, self.fp8_gemm.absmax_bound)
 
     @staticmethod
     def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,

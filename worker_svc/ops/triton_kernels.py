@@ -102,11 +102,15 @@ class TritonOps(TorchOps):
         """(topk_weights float32 [T, k], topk_ids int32 [T, k]): softmax, top-k and renormalization in one kernel."""
         return kernels.topk_softmax(router_logits, top_k, renormalize, pdl=self.pdl)
 
-    def fused_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                      w2: torch.Tensor, expert_map: torch.Tensor | None = None) -> torch.Tensor:
+    def fused_experts(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: nn.Module,
+                      expert_map: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' weighted sum [T, H]: the pairs sorted into per-expert blocks, then the gate/up GEMM
-        (SiLU-and-mul fused) and the down GEMM (routing weight fused), one launch each for all experts."""
-        return kernels.fused_experts(x, topk_weights, topk_ids, w13, w2, expert_map, pdl=self.pdl)
+        (SiLU-and-mul fused) and the down GEMM (routing weight fused), one launch each for all experts. FP8 experts'
+        activations are quantized per token (in groups of a block's columns for block-wise ones) under the FP8 GEMM's
+        absmax bound."""
+        return kernels.fused_experts(x, topk_weights, topk_ids, experts.w13, experts.w2, expert_map,
+                                     experts.w13_scale, experts.w2_scale, experts.block_shape,
+                                     self.fp8_gemm.absmax_bound, pdl=self.pdl)
 
     def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None, sliding_window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
