@@ -151,9 +151,9 @@ def test_sharded_gpt_oss_matches_the_whole_model(checkpoints):
 def test_triton_kernels_fp8_expert_parallelism_and_unbiased_attention_are_refused():
     config = ModelConfig.from_hf(TINY_GPT_OSS)
     state = to_worker_layout(gpt_oss_state(), config)
-    with pytest.raises(ValueError, match=r"GptOssForCausalLM needs attention sinks in the Triton attention kernels, "
-                                         r"and expert biases with gpt-oss's clamped SwiGLU in the fused MoE kernel, "
-                                         r"which are not implemented yet: serve it with --kernels torch"):
+    with pytest.raises(ValueError, match=r"GptOssForCausalLM needs expert biases with gpt-oss's clamped SwiGLU in the "
+                                         r"fused MoE kernel, which are not implemented yet: serve it with --kernels "
+                                         r"torch"):
         ModelLoader(WorkerConfig(model="gpt-oss", kernels="triton")).build(config, state)
     with pytest.raises(ValueError, match="FP8 is not implemented for GptOssForCausalLM's biased experts"):
         ModelLoader(WorkerConfig(model="gpt-oss", quantization="fp8")).build(config, state)

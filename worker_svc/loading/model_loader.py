@@ -104,7 +104,9 @@ class ModelLoader:
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor on the device, in the model dtype unless it is an FP8 weight, a float32 scale (a weight's, or
-        the KV cache's) or integers (an expert map)."""
+        the KV cache's), integers (an expert map) or attention sinks (float32, as the attention kernels read them)."""
+        if name.endswith(".sinks"):
+            return tensor.to(self.device, torch.float32)
         if tensor.dtype == FP8 or name.endswith("_scale") or not tensor.is_floating_point():
             return tensor.to(self.device)
         return tensor.to(self.device, self.config.torch_dtype)

@@ -29,8 +29,7 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
     "GptOssForCausalLM": ArchitectureTraits(
         qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True,
-        triton_missing="attention sinks in the Triton attention kernels, and expert biases with gpt-oss's clamped "
-                       "SwiGLU in the fused MoE kernel"),
+        triton_missing="expert biases with gpt-oss's clamped SwiGLU in the fused MoE kernel"),
 }
 
 
