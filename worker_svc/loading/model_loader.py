@@ -134,14 +134,9 @@ def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: Tensor
 
 def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
-    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for), and so does an architecture that the Triton kernels
-    do not compute yet, on them."""
+    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for)."""
     device = torch.device(config.device)
     fp8, bound = model_config.quantization == "fp8", model_config.activation_absmax_bound
-    missing = traits_for(model_config.architecture).triton_missing
-    if config.uses_triton and missing:
-        raise ValueError(f"{model_config.architecture} needs {missing}, which are not implemented yet: serve it with "
-                         "--kernels torch")
     if not config.uses_triton:
         return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
     try:

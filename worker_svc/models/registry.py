@@ -15,7 +15,6 @@ class ArchitectureTraits:
     o_bias: bool = False  # a biased o_proj (gpt-oss, whose q, k and v are biased too)
     attention_sinks: bool = False  # a learned logit per head in each attention softmax (gpt-oss: self_attn.sinks)
     stacked_experts: bool = False  # experts stored stacked, with biases, behind a biased router (gpt-oss)
-    triton_missing: str = ""  # what the Triton kernels do not compute yet: the worker refuses them for it
 
 
 ARCHITECTURES: dict[str, ArchitectureTraits] = {
@@ -27,9 +26,7 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "Qwen3MoeForCausalLM": ArchitectureTraits(qk_norm=True),
     "MixtralForCausalLM": ArchitectureTraits(expert_prefix="block_sparse_moe", expert_projections=("w1", "w3", "w2")),
     "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
-    "GptOssForCausalLM": ArchitectureTraits(
-        qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True,
-        triton_missing="expert biases with gpt-oss's clamped SwiGLU in the fused MoE kernel"),
+    "GptOssForCausalLM": ArchitectureTraits(qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True),
 }
 
 
