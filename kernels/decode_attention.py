@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
-from sluice.kernels.paged_kv import attend_kv_range, check_paged_kv, dot_config
+from sluice.kernels.paged_kv import (attend_kv_range, attention_variant, check_paged_kv, dot_config, softmax_start,
+                                     window_start_tile)
 from sluice.kernels.prefill_attention import paged_prefill_attention_ref
 
 MAX_SPLITS = 64
@@ -26,8 +27,8 @@ PROGRAMS_PER_SM = 2
 
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes every eager step: compile once
 def _paged_decode_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr, row_groups_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr,
+    row_groups_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     scale_log2,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -37,6 +38,7 @@ def _paged_decode_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """Program (row, kv_head, split) attends the GQA group of query heads sharing kv_head to one slice of the context.
 
@@ -48,6 +50,8 @@ def _paged_decode_attention_kernel(
     Each row's query rows (padded to BLOCK_G >= 16 for tl.dot) are loaded once, and each K/V tile, gathered through
     the block table, is read once for the whole group (attend_kv_range: online softmax in base 2, unmasked over
     whole tiles that every row sees, masked, causally per row, over the rest).
+    With SLIDING_WINDOW the slices cut only the first row's window, from the tile holding its first position; no
+    earlier position is read. With HAS_SINKS split 0 starts its softmax from the sinks, so they count once.
     With one split the normalised result goes straight to `out`; otherwise the split writes acc / l and its
     log-sum-exp m + log2(l) (-inf for an empty slice) for `_decode_reduce_kernel`.
     """
@@ -75,25 +79,25 @@ def _paged_decode_attention_kernel(
     row_lens = tl.load(seq_lens_ptr + rows, mask=row_mask, other=first_len)
     q_pos = row_lens - 1  # each row's new token is the last position it sees
 
-    # -- this split's slice of the context
-    split_len = tl.cdiv(tl.cdiv(first_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # -- this split's slice of the context (of its window's tiles)
+    context_start = window_start_tile(first_len - 1, SLIDING_WINDOW, BLOCK_N)
+    split_len = tl.cdiv(tl.cdiv(first_len - context_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = context_start + split * split_len
     end = tl.minimum(start + split_len, first_len)
     if (start < first_len) & (start + split_len >= first_len):
         end = tl.max(row_lens, 0)
 
     # -- whole tiles without masks, then the slice's ragged last tile (and the later rows' positions) with them
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    acc, l, m = softmax_start(sinks_ptr, heads, split == 0, BLOCK_D, HAS_SINKS)
     k_ptr = k_cache_ptr + kv_head * stride_kh
     v_ptr = v_cache_ptr + kv_head * stride_vh
     bt_row = block_tables_ptr + row * stride_bt
     full_end = start + tl.maximum(tl.minimum(end, first_len) - start, 0) // BLOCK_N * BLOCK_N
     acc, l, m = attend_kv_range(
-        acc, l, m, q, q_pos, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_row, start, full_end, end, scale_log2,
+        acc, l, m, q, q_pos, first_len - 1, tl.max(q_pos, 0), k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, bt_row,
+        start, full_end, end, scale_log2,
         stride_kb, stride_kt, stride_vb, stride_vt,
-        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION, KV_FP8)
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_D, DOT_DTYPE, DOT_PRECISION, KV_FP8, SLIDING_WINDOW, SOFTCAP)
 
     # -- write the result (an empty slice or seq_len == 0 gives zeros and lse -inf)
     nonempty = l > 0
@@ -163,7 +167,8 @@ def paged_decode_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, num_splits: int | None = None, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None, row_groups: torch.Tensor | None = None,
-    max_group_rows: int = 1, pdl: bool = True,
+    max_group_rows: int = 1, pdl: bool = True, sliding_window: int = 0, softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context, into `out` (None: a new tensor) of the
     query's shape [num_seqs, num_heads, head_dim], whose last dimension is contiguous.
@@ -175,15 +180,20 @@ def paged_decode_attention(
     row_groups: int32 [num_seqs], for rows that are consecutive tokens of one sequence (the same block table row,
     contexts one position apart, as a verification of proposals lays them out): how many rows (at most
     max_group_rows) one program attends from the first of them, 0 for the others; None: every row alone.
+    sliding_window, softcap, sinks: as paged_prefill_attention's; with a window, the splits cut only its positions.
     """
     kv_fp8 = check_paged_kv(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
+    variant = attention_variant(query, sliding_window, softcap, sinks)
     num_seqs, num_heads, head_dim = query.shape
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} queries")
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     if num_splits is None:
-        num_splits = _default_num_splits(num_seqs, num_kv_heads, block_tables.shape[1] * block_size, query.device)
+        max_context = block_tables.shape[1] * block_size
+        if sliding_window:
+            max_context = min(max_context, sliding_window)
+        num_splits = _default_num_splits(num_seqs, num_kv_heads, max_context, query.device)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits {num_splits} not in [1, {MAX_SPLITS}]")
     if row_groups is None:
@@ -206,7 +216,7 @@ def paged_decode_attention(
         key_cache, value_cache = _words(key_cache), _words(value_cache)
     _paged_decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key_cache, value_cache, query if k_scale is None else k_scale, query if v_scale is None else v_scale,
-        block_tables, seq_lens, seq_lens if row_groups is None else row_groups,
+        query if sinks is None else sinks, block_tables, seq_lens, seq_lens if row_groups is None else row_groups,
         out, part_out, part_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1),
@@ -216,8 +226,8 @@ def paged_decode_attention(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits, ROWS=max_group_rows,
         BLOCK_G=max(16, triton.next_power_of_2(max_group_rows * group)), BLOCK_D=block_d,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **_launch_config(query.device, kv_fp8),
-        **dependent_launch(query.device, pdl),
+        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FP8=kv_fp8, **variant,
+        **_launch_config(query.device, kv_fp8), **dependent_launch(query.device, pdl),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -237,8 +247,9 @@ def _words(cache: torch.Tensor) -> torch.Tensor:
 def paged_decode_attention_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    sliding_window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain torch: a decode step is a prefill chunk of one token per sequence."""
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
     return paged_prefill_attention_ref(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-                                       k_scale, v_scale)
+                                       k_scale, v_scale, sliding_window, softcap, sinks)

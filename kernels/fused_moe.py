@@ -91,10 +91,10 @@ def _row_scaled(acc, a_scales, row_mask, w_scales):
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
+    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
     num_pairs, num_blocks, hidden, intermediate,
-    stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_be,
+    HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -104,7 +104,9 @@ def _moe_gate_up_kernel(
     One pass over the hidden dimension feeds two accumulators (gate and up tiles of the same columns), and the
     SiLU-and-mul runs in the epilogue, rounding as the unfused model code does (each product to the model dtype,
     silu in float32 and rounded, then the product rounded): the [pairs, 2I] projection never exists. Columns past
-    the intermediate size wrap around (loads need no mask) and are not stored.
+    the intermediate size wrap around (loads need no mask) and are not stored. With HAS_BIAS, bias [E, 2I] adds to
+    the gate and up products; SWIGLU_LIMIT > 0 takes gpt-oss's clamped SwiGLU for the SiLU-and-mul:
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(SWIGLU_ALPHA * g), g = min(gate, limit).
     """
     wait_for_inputs(PDL)
     pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(intermediate, BLOCK_N), GROUP_M)
@@ -128,28 +130,38 @@ def _moe_gate_up_kernel(
     if ROW_SCALES:
         gate = _row_scaled(gate, a_scales, row_mask, w_scales)
         up = _row_scaled(up, a_scales, row_mask, w_up_scales)
+    if HAS_BIAS:
+        biases = bias_ptr + expert * stride_be + cols % intermediate
+        gate += tl.load(biases).to(tl.float32)[None, :]
+        up += tl.load(biases + intermediate).to(tl.float32)[None, :]
 
-    # -- epilogue: silu(gate) * up
+    # -- epilogue: silu(gate) * up, or the clamped SwiGLU
     dtype = h_ptr.dtype.element_ty
     gate = gate.to(dtype).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    h = (act * up.to(dtype).to(tl.float32)).to(dtype)
+    up = up.to(dtype).to(tl.float32)
+    if SWIGLU_LIMIT > 0:
+        gate = tl.minimum(gate, SWIGLU_LIMIT)
+        up = tl.minimum(tl.maximum(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+        h = ((up + 1.0) * (gate / (1.0 + tl.exp(-SWIGLU_ALPHA * gate)))).to(dtype)
+    else:
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        h = (act * up).to(dtype)
     h_ptrs = h_ptr + pairs.to(tl.int64)[:, None] * stride_ht + cols[None, :]
     tl.store(h_ptrs, h, mask=row_mask[:, None] & (cols < intermediate)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_down_kernel(
-    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, sorted_ids_ptr, block_experts_ptr,
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
     num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
-    stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_be,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
-    block's pairs and BLOCK_N hidden columns n. The product is rounded to the model dtype before the routing
-    weight (itself rounded to the model dtype) multiplies it, as the model code does."""
+    block's pairs and BLOCK_N hidden columns n (plus bias[e, n] with HAS_BIAS). The product is rounded to the model
+    dtype before the routing weight (itself rounded to the model dtype) multiplies it, as the model code does."""
     wait_for_inputs(PDL)
     pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -168,6 +180,8 @@ def _moe_down_kernel(
                              stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K, DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         acc = _row_scaled(acc, a_scales, row_mask, w_scales)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * stride_be + cols % hidden).to(tl.float32)[None, :]
 
     # -- epilogue: times the routing weight
     dtype = y_ptr.dtype.element_ty
@@ -275,10 +289,12 @@ def _check_scale(name: str, weight: torch.Tensor, scale: torch.Tensor, block_sha
 
 def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int, config: dict,
                 w13_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
-                absmax_bound: float | None = None, pdl: bool = True) -> torch.Tensor:
+                absmax_bound: float | None = None, pdl: bool = True, bias: torch.Tensor | None = None,
+                swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """h [T * top_k, I] in x's dtype: h[pair] = silu(w13[e, :I] @ x[token]) * (w13[e, I:] @ x[token]) for every
     pair in blocks (pair = token * top_k + slot, e its block's expert). Rows of pairs in no block are not written.
-    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows) in x's dtype, or e4m3 with w13_scale (see fused_experts)."""
+    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows) in x's dtype, or e4m3 with w13_scale (see fused_experts);
+    bias [E, 2I] adds to both products; swiglu (alpha, limit): the clamped SwiGLU instead (see fused_experts)."""
     _check_blocks(blocks, config)
     num_tokens, hidden = x.shape
     if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
@@ -292,9 +308,11 @@ def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k:
     a, scales = _scaled_operands("w13", x, w13, w13_scale, block_shape, absmax_bound)
     num_blocks = blocks.block_experts.shape[0]
     block_n = config["BLOCK_N"] // 2
+    alpha, limit = swiglu or (0.0, 0.0)
     if num_blocks:
         _moe_gate_up_kernel[(num_blocks * triton.cdiv(intermediate, block_n),)](
-            a, w13, h, sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
+            a, w13, h, **_bias_arguments(bias, w13), SWIGLU_ALPHA=alpha, SWIGLU_LIMIT=limit,
+            sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
             num_padded_ptr=blocks.num_padded, num_pairs=h.shape[0], num_blocks=num_blocks, hidden=hidden,
             intermediate=intermediate, stride_xt=a.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
             stride_wk=w13.stride(2), stride_ht=h.stride(0), TOP_K=top_k, BLOCK_M=blocks.block_m, BLOCK_N=block_n,
@@ -306,10 +324,11 @@ def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k:
 def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks, config: dict,
              zero_unrouted: bool = False, w2_scale: torch.Tensor | None = None,
              block_shape: tuple[int, int] | None = None, absmax_bound: float | None = None,
-             pdl: bool = True) -> torch.Tensor:
-    """y [pairs, H] in h's dtype: y[pair] = topk_weights[pair] * (w2[e] @ h[pair]) for every pair in blocks. Rows of
-    pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I] in h's dtype, or
-    e4m3 with w2_scale (see fused_experts); topk_weights: float32 with one weight per pair ([T, top_k])."""
+             pdl: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [pairs, H] in h's dtype: y[pair] = topk_weights[pair] * (w2[e] @ h[pair] + bias[e]) for every pair in
+    blocks. Rows of pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I] in
+    h's dtype, or e4m3 with w2_scale (see fused_experts); topk_weights: float32 with one weight per pair ([T, top_k]);
+    bias: [E, H] or None."""
     _check_blocks(blocks, config)
     num_pairs, intermediate = h.shape
     if w2.dim() != 3 or w2.shape[2] != intermediate:
@@ -325,13 +344,23 @@ def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, bloc
     num_blocks = blocks.block_experts.shape[0]
     if num_blocks:
         _moe_down_kernel[(num_blocks * triton.cdiv(hidden, config["BLOCK_N"]),)](
-            a, w2, weights, y, sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
+            a, w2, weights, y, **_bias_arguments(bias, w2), sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
             num_padded_ptr=blocks.num_padded, num_pairs=num_pairs, num_blocks=num_blocks, hidden=hidden,
             intermediate=intermediate, stride_ht=a.stride(0), stride_we=w2.stride(0), stride_wn=w2.stride(1),
             stride_wk=w2.stride(2), stride_yt=y.stride(0), BLOCK_M=blocks.block_m, BLOCK_N=config["BLOCK_N"],
             **scales, **_kernel_options(config, intermediate, a, scales["GROUP_K"], pdl),
         )
     return y
+
+
+def _bias_arguments(bias: torch.Tensor | None, weight: torch.Tensor) -> dict:
+    """A GEMM kernel's bias arguments for weight [E, N, K]: bias [E, N] (contiguous rows), or None."""
+    if bias is None:
+        return dict(bias_ptr=weight, stride_be=0, HAS_BIAS=False)
+    if tuple(bias.shape) != tuple(weight.shape[:2]) or bias.stride(1) != 1:
+        raise ValueError(f"a bias of {tuple(bias.shape)} for weights {tuple(weight.shape)}: it must be "
+                         f"{tuple(weight.shape[:2])} with contiguous rows")
+    return dict(bias_ptr=bias, stride_be=bias.stride(0), HAS_BIAS=True)
 
 
 def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale) -> None:
@@ -354,10 +383,13 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
                   w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                   w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                   absmax_bound: float | None = None, launch_config: dict | None = None,
-                  pdl: bool = True) -> torch.Tensor:
+                  pdl: bool = True, w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+                  swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype:
     out[t] = sum over slots j with a local expert e of topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) *
     (w13[e, I:] @ x[t]))).
+    gpt-oss's experts: w13_bias [E, 2I] and w2_bias [E, H] add to the products, and swiglu (alpha, limit) takes the
+    clamped SwiGLU (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit), for silu(gate) * up.
 
     x: [T, H]; topk_weights: float32 [T, k]; topk_ids: int32 [T, k], global expert ids; w13: [E, 2I, H] (gate rows,
     then up rows); w2: [E, H, I]; expert_map: None (ids are local) or int32 [global experts] -> local index, -1 for
@@ -379,8 +411,9 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
                                                 x.device)
     blocks = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"], expert_map, pdl=pdl)
     options = dict(block_shape=block_shape, absmax_bound=absmax_bound, pdl=pdl)
-    h = moe_gate_up(x, w13, blocks, top_k, config, w13_scale, **options)  # [T * k, I]
-    y = moe_down(h, w2, topk_weights, blocks, config, expert_map is not None, w2_scale, **options)  # [T * k, H]
+    h = moe_gate_up(x, w13, blocks, top_k, config, w13_scale, **options, bias=w13_bias, swiglu=swiglu)  # [T * k, I]
+    y = moe_down(h, w2, topk_weights, blocks, config, expert_map is not None, w2_scale, **options,
+                 bias=w2_bias)  # [T * k, H]
     return y.view(num_tokens, hidden) if top_k == 1 else y.view(num_tokens, top_k, hidden).sum(1)
 
 
@@ -442,10 +475,11 @@ def _pairs_by_expert(blocks: ExpertBlocks, num_pairs: int):
 def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
                       w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                       w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
-                      absmax_bound: float | None = None) -> torch.Tensor:
+                      absmax_bound: float | None = None, w13_bias: torch.Tensor | None = None,
+                      w2_bias: torch.Tensor | None = None, swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """Plain torch as Hugging Face's sparse MoE blocks compute it: one local expert at a time over its tokens, its
     output times the routing weight (in x's dtype) added into the result in x's dtype. FP8 experts' products as the
-    dense FP8 GEMM computes them (_expert_linear_ref)."""
+    dense FP8 GEMM computes them (_expert_linear_ref); biases and the clamped SwiGLU as gpt-oss computes them."""
     _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     experts = topk_ids.long() if expert_map is None else expert_map.long()[topk_ids.long()]
     out = torch.zeros_like(x)
@@ -454,7 +488,19 @@ def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: tor
         if tokens.numel() == 0:
             continue
         scales = (None, None) if w13_scale is None else (w13_scale[expert], w2_scale[expert])
-        h = silu_and_mul_ref(_expert_linear_ref(x[tokens], w13[expert], scales[0], block_shape, absmax_bound))
+        gate_up = _expert_linear_ref(x[tokens], w13[expert], scales[0], block_shape, absmax_bound)
+        h = _gated_ref(gate_up if w13_bias is None else gate_up + w13_bias[expert], swiglu)
         y = _expert_linear_ref(h, w2[expert], scales[1], block_shape, absmax_bound)
+        y = y if w2_bias is None else y + w2_bias[expert]
         out.index_add_(0, tokens, y * topk_weights[tokens, slots, None].to(x.dtype))
     return out
+
+
+def _gated_ref(gate_up: torch.Tensor, swiglu: tuple[float, float] | None) -> torch.Tensor:
+    """silu(gate) * up, or with swiglu (alpha, limit) gpt-oss's clamped SwiGLU."""
+    if swiglu is None:
+        return silu_and_mul_ref(gate_up)
+    alpha, limit = swiglu
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

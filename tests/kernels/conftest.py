@@ -59,3 +59,28 @@ def make_fp8_paged_kv(make_paged_kv, device):
                 block_tables, lens, k_scale, v_scale)
 
     return make
+
+
+@pytest.fixture
+def expire_before_windows():
+    """Factory: what the scheduler may do once a sliding window has passed a sequence's positions, worse: every
+    position before the window of the sequence's first query (at first_q_pos[i]) turns NaN in the caches, and the
+    table entries of its wholly expired blocks point at a NaN block instead. Kernels that read none of them stay
+    finite. Needs a decoy block (make_paged_kv allocates three); window 0 (none) expires nothing."""
+
+    def expire(key_cache, value_cache, block_tables, seq_lens: list[int], first_q_pos: list[int], window: int):
+        if not window:
+            return
+        block_size = key_cache.shape[1]
+        live = {b for i, n in enumerate(seq_lens) for b in block_tables[i, :-(-n // block_size)].tolist()}
+        decoy = min(set(range(key_cache.shape[0])) - live)
+        for cache in (key_cache, value_cache):
+            cache[decoy] = float("nan")
+        for i, pos in enumerate(first_q_pos):
+            first_seen = max(pos - window + 1, 0)
+            boundary = block_tables[i, first_seen // block_size]
+            for cache in (key_cache, value_cache):
+                cache[boundary, :first_seen % block_size] = float("nan")
+            block_tables[i, :first_seen // block_size] = decoy
+
+    return expire

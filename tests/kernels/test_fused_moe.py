@@ -148,6 +148,23 @@ def test_fused_experts_matches_reference(device, dtype, num_tokens, num_experts,
     torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [(1, 8, 2, 72, 40), (37, 8, 4, 96, 80)])
+def test_biased_experts_with_the_clamped_swiglu_match_reference(device, dtype, num_tokens, num_experts, top_k, hidden,
+                                                                 intermediate):
+    """gpt-oss's experts: biases on both products, and a limit low enough that the clamp cuts gate and up."""
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = (3 * torch.randn(num_tokens, hidden, device=device)).to(dtype)
+    w13, w2 = _experts(num_experts, hidden, intermediate, dtype, device)
+    w13_bias = torch.randn(num_experts, 2 * intermediate, device=device).to(dtype)
+    w2_bias = torch.randn(num_experts, hidden, device=device).to(dtype)
+    gpt_oss = dict(w13_bias=w13_bias, w2_bias=w2_bias, swiglu=(1.702, 1.5))
+    out = fused_experts(x, weights, ids, w13, w2, **gpt_oss)
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2, **gpt_oss), **TOL[dtype])
+    assert not torch.allclose(out, fused_experts(x, weights, ids, w13, w2, w13_bias=w13_bias, w2_bias=w2_bias),
+                              **TOL[dtype])
+
+
 def test_experts_without_tokens(device):
     """Five tokens routed to experts 2 and 13 of 16 only; a strided x (rows wider than the hidden size)."""
     x = torch.randn(5, 96, device=device)[:, :72]

@@ -116,13 +116,14 @@ def test_mxfp4_dequantizes_as_transformers(tmp_path):
                                    equal_nan=True)
 
 
-@pytest.mark.parametrize("layout", ["unquantized", "mxfp4"])
-def test_gpt_oss_matches_hf(checkpoints, layout):
+@pytest.mark.parametrize("layout, kernels", [("unquantized", "torch"), ("mxfp4", "torch"), ("mxfp4", "triton")])
+def test_gpt_oss_matches_hf(checkpoints, layout, kernels):
+    """kernels triton: the attention kernels' sinks and windows, the fused MoE kernels' biases and clamped SwiGLU."""
     folder, hf = checkpoints[layout]
     expected = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     for batch in (PROMPTS, PROMPTS[2:]):
-        engine = _engine(folder, WorkerConfig(model="gpt-oss"))
+        engine = _engine(folder, WorkerConfig(model="gpt-oss", kernels=kernels))
         assert run_greedy(engine, batch, 12, chunk=5) == expected[len(PROMPTS) - len(batch):]
 
 
@@ -148,13 +149,9 @@ def test_sharded_gpt_oss_matches_the_whole_model(checkpoints):
     run_on_ranks(_check_sharded_rank, 2, {layout: (folder, None) for layout, (folder, _) in checkpoints.items()})
 
 
-def test_triton_kernels_fp8_expert_parallelism_and_unbiased_attention_are_refused():
+def test_fp8_expert_parallelism_and_unbiased_attention_are_refused():
     config = ModelConfig.from_hf(TINY_GPT_OSS)
     state = to_worker_layout(gpt_oss_state(), config)
-    with pytest.raises(ValueError, match=r"GptOssForCausalLM needs attention sinks in the Triton attention kernels, "
-                                         r"and expert biases with gpt-oss's clamped SwiGLU in the fused MoE kernel, "
-                                         r"which are not implemented yet: serve it with --kernels torch"):
-        ModelLoader(WorkerConfig(model="gpt-oss", kernels="triton")).build(config, state)
     with pytest.raises(ValueError, match="FP8 is not implemented for GptOssForCausalLM's biased experts"):
         ModelLoader(WorkerConfig(model="gpt-oss", quantization="fp8")).build(config, state)
     with pytest.raises(ValueError, match="expert parallelism is not implemented for GptOssForCausalLM"):

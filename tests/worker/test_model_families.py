@@ -40,9 +40,9 @@ def _hf_model(hf_config: dict, state: dict):
     return model
 
 
-# Triton's interpreter is slow: on the CPU it runs the two families whose layers differ (biases, q/k norms); the
-# others run their Triton kernels where a GPU compiles them.
-_INTERPRETED = {"qwen2", "qwen3"}
+# Triton's interpreter is slow: on the CPU it runs the families whose layers differ (biases, q/k norms, a sliding
+# window); the others run their Triton kernels where a GPU compiles them.
+_INTERPRETED = {"qwen2", "qwen3", "mistral-window"}
 
 
 @pytest.mark.parametrize("family, kernels", [

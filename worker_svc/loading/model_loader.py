@@ -104,7 +104,9 @@ class ModelLoader:
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor on the device, in the model dtype unless it is an FP8 weight, a float32 scale (a weight's, or
-        the KV cache's) or integers (an expert map)."""
+        the KV cache's), integers (an expert map) or attention sinks (float32, as the attention kernels read them)."""
+        if name.endswith(".sinks"):
+            return tensor.to(self.device, torch.float32)
         if tensor.dtype == FP8 or name.endswith("_scale") or not tensor.is_floating_point():
             return tensor.to(self.device)
         return tensor.to(self.device, self.config.torch_dtype)
@@ -132,14 +134,9 @@ def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: Tensor
 
 def _operators(config: WorkerConfig, model_config: ModelConfig) -> TorchOps:
     """Triton is imported only where its kernels are chosen: a CPU install need not have it. An FP8 model on a
-    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for), and so does an architecture that the Triton kernels
-    do not compute yet, on them."""
+    device without FP8 GEMMs fails here (fp8_gemm.fp8_gemm_for)."""
     device = torch.device(config.device)
     fp8, bound = model_config.quantization == "fp8", model_config.activation_absmax_bound
-    missing = traits_for(model_config.architecture).triton_missing
-    if config.uses_triton and missing:
-        raise ValueError(f"{model_config.architecture} needs {missing}, which are not implemented yet: serve it with "
-                         "--kernels torch")
     if not config.uses_triton:
         return TorchOps(fp8_gemm_for(device, absmax_bound=bound) if fp8 else emulated_fp8_linear)
     try:

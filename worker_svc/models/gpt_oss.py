@@ -8,7 +8,7 @@ from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.models.layers import RMSNorm
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
-from sluice.worker.ops.biased_experts import biased_experts, route_top_logits
+from sluice.worker.ops.biased_experts import route_top_logits
 from sluice.worker.parallel.group import TensorParallelGroup
 
 
@@ -41,8 +41,8 @@ class GptOssMoeBlock(nn.Module):
         h, residual = norm(x, residual)  # h: [num_tokens, hidden]
         weights, expert_ids = route_top_logits(self.ops.linear(h, self.router), self.top_k)
         experts = self.experts
-        out = biased_experts(h, weights, expert_ids, experts.w13, experts.w13_bias, experts.w2, experts.w2_bias,
-                             self.activation.alpha, self.activation.limit)
+        out = self.ops.biased_experts(h, weights, expert_ids, experts.w13, experts.w13_bias, experts.w2,
+                                      experts.w2_bias, self.activation.alpha, self.activation.limit)
         return self.reduce(out), residual
 
     def reduce(self, out: torch.Tensor) -> torch.Tensor:

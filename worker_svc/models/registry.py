@@ -15,7 +15,6 @@ class ArchitectureTraits:
     o_bias: bool = False  # a biased o_proj (gpt-oss, whose q, k and v are biased too)
     attention_sinks: bool = False  # a learned logit per head in each attention softmax (gpt-oss: self_attn.sinks)
     stacked_experts: bool = False  # experts stored stacked, with biases, behind a biased router (gpt-oss)
-    triton_missing: str = ""  # what the Triton kernels do not compute yet: the worker refuses them for it
     fused_checkpoint: bool = False  # the checkpoint publishes q/k/v as one qkv_proj, gate/up as one gate_up_proj
     rope_types: tuple[str, ...] = ("default", "llama3", "yarn")  # the rope_scaling types its transformers module takes
     partial_rotary: bool = False  # partial_rotary_factor: rotary embeddings of each head's leading dims only
@@ -30,10 +29,7 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "Qwen3MoeForCausalLM": ArchitectureTraits(qk_norm=True),
     "MixtralForCausalLM": ArchitectureTraits(expert_prefix="block_sparse_moe", expert_projections=("w1", "w3", "w2")),
     "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
-    "GptOssForCausalLM": ArchitectureTraits(
-        qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True,
-        triton_missing="attention sinks in the Triton attention kernels, and expert biases with gpt-oss's clamped "
-                       "SwiGLU in the fused MoE kernel"),
+    "GptOssForCausalLM": ArchitectureTraits(qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True),
     "Phi3ForCausalLM": ArchitectureTraits(fused_checkpoint=True, rope_types=("default", "longrope"),
                                           partial_rotary=True),
 }

@@ -1,6 +1,6 @@
 """gpt-oss's mixture-of-experts operators in plain torch, as transformers computes them: a router whose top-k logits'
-softmax weighs each token's experts, and experts with biased projections and a clamped SwiGLU. The CPU path: the
-Triton kernels compute neither yet, so the worker refuses gpt-oss on them (registry.py's triton_missing)."""
+softmax weighs each token's experts, and experts with biased projections and a clamped SwiGLU: TorchOps' (the
+fused MoE kernels compute them for TritonOps)."""
 import torch
 import torch.nn.functional as F
 

@@ -4,6 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
+from sluice.worker.ops.biased_experts import biased_experts
 from sluice.worker.ops.fp8 import FP8, to_fp8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
 
@@ -105,6 +106,8 @@ class TorchOps:
         if block_shape is None:
             return self.fp8_gemm(x, weight, scale, None)
         return emulated_block_fp8_linear(x, weight, scale, block_shape, self.fp8_gemm.absmax_bound)
+
+    biased_experts = staticmethod(biased_experts)  # gpt-oss's experts: biases and a clamped SwiGLU
 
     @staticmethod
     def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,

@@ -112,14 +112,20 @@ class TritonOps(TorchOps):
                                      experts.w13_scale, experts.w2_scale, experts.block_shape,
                                      self.fp8_gemm.absmax_bound, pdl=self.pdl)
 
+    def biased_experts(self, x, topk_weights, topk_ids, w13, w13_bias, w2, w2_bias, alpha: float,
+                       limit: float) -> torch.Tensor:
+        """gpt-oss's experts in the two fused MoE launches: biases added in each GEMM's epilogue, the clamped SwiGLU
+        for the SiLU-and-mul."""
+        return kernels.fused_experts(x, topk_weights, topk_ids, w13, w2, w13_bias=w13_bias, w2_bias=w2_bias,
+                                     swiglu=(alpha, limit), pdl=self.pdl)
+
     def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None, sliding_window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
-        if sliding_window or softcap or sinks is not None:
-            raise NotImplementedError("the Triton attention kernels have no sliding window, soft-capping or sinks")
+        variant = dict(sliding_window=sliding_window, softcap=softcap, sinks=sinks)
         if meta.is_pure_decode:
             return kernels.paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale,
                                                   k_scale=k_scale, v_scale=v_scale, out=out,
                                                   row_groups=meta.row_groups, max_group_rows=meta.max_group_rows,
-                                                  pdl=self.pdl)
+                                                  pdl=self.pdl, **variant)
         return kernels.paged_prefill_attention(q, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
-                                               meta.seq_lens, scale, k_scale, v_scale, out)
+                                               meta.seq_lens, scale, k_scale, v_scale, out, **variant)
