@@ -2,7 +2,8 @@
 projections published fused: token-identical to Hugging Face greedy with LongRoPE below its switch (a max model length
 within original_max_position_embeddings: the short factors) and past it (prompts longer than that: the long factors
 at every position, as transformers computes a sequence that outgrew it), with Phi-4-mini's partial rotary and tied
-embeddings, and with Phi-3-mini-4k's sliding window in every layer."""
+embeddings, and with Phi-3-mini-4k's sliding window in every layer; on the torch operators and, for Phi-4-mini and
+the window, the Triton kernels (under the interpreter on the CPU)."""
 import pytest
 import torch
 
@@ -70,8 +71,9 @@ def test_past_the_switch_matches_hf(family):
     assert run_greedy(engine(), PAST_THE_SWITCH, 12, chunk=16) == _hf_greedy(hf, PAST_THE_SWITCH)
 
 
-def test_sliding_window_matches_hf():
-    hf, engine = _expected_and_engine(WINDOWED, "torch")
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_sliding_window_matches_hf(kernels):
+    hf, engine = _expected_and_engine(WINDOWED, kernels)
     windowed = engine()
     assert windowed.model_config.layer_windows == (7, 7)
     assert run_greedy(windowed, BELOW_THE_SWITCH, 12, chunk=5) == _hf_greedy(hf, BELOW_THE_SWITCH)
