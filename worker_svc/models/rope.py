@@ -82,7 +82,7 @@ def _longrope(rotary_dim: int, base: float, scaling: dict, max_position: int) ->
     return inv_freq, attention_factor
 
 
-ROPE_TYPES = {"default": _default, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}  # as transformers'
+_ROPE_TYPES = {"default": _default, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}  # as transformers'
 
 
 def rope_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None, max_position: int) -> Frequencies:
@@ -90,9 +90,9 @@ def rope_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None, ma
     compute them, for a table of max_position rows; rope_scaling None: plain rope."""
     scaling = rope_scaling or {}
     rope_type = scaling.get("rope_type", "default")
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported ({', '.join(ROPE_TYPES)})")
-    return ROPE_TYPES[rope_type](rotary_dim, base, scaling, max_position)
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported ({', '.join(_ROPE_TYPES)})")
+    return _ROPE_TYPES[rope_type](rotary_dim, base, scaling, max_position)
 
 
 def build_cos_sin_cache(
