@@ -7,6 +7,7 @@ from sluice.worker.models.rope import build_cos_sin_cache, rope_inv_freq
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
+LINEAR_SCALING = {"rope_type": "linear", "factor": 8.0}  # Gemma 3's global layers
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,7 +38,7 @@ def test_int32_positions_and_position_zero(device):
     torch.testing.assert_close(key, k0)
 
 
-@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING], ids=["default", "llama3"])
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING, LINEAR_SCALING], ids=["default", "llama3", "linear"])
 @pytest.mark.parametrize("head_dim, base", [(64, 10000.0), (128, 500000.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_transformers(rope_scaling, head_dim, base, dtype):
@@ -49,7 +50,7 @@ def test_matches_transformers(rope_scaling, head_dim, base, dtype):
     if rope_scaling is None:
         hf_inv_freq, _ = llama.LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     else:
-        hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+        hf_inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_scaling["rope_type"]](config)
     assert torch.equal(rope_inv_freq(head_dim, base, rope_scaling), hf_inv_freq)
 
     # the table holds exactly the cos/sin HF computes for the same positions, and the ref rotates op for op

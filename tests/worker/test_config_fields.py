@@ -32,7 +32,8 @@ def test_transformers_defaults_are_served(architecture):
     ("llama", {"attention_bias": True}, "attention_bias = True, which the worker does not implement; it supports "
                                         "false (biased attention projections)"),
     ("llama", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
-    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "it supports rope_type default or llama3"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "it supports rope_type default or linear or "
+                                                                      "llama3"),
     ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layers of types full_attention and "
                                                                          "sliding_attention"),
     ("llama", {"architectures": ["Phi3ForCausalLM"]}, "unsupported architecture 'Phi3ForCausalLM'; supported: ["),

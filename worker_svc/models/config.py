@@ -1,14 +1,24 @@
-"""ModelConfig: the shape of a Llama-family decoder (dense or with mixture-of-experts layers), read from a Hugging Face
+"""ModelConfig: the shape of a decoder (dense or with mixture-of-experts layers), read from a Hugging Face
 config.json."""
 from dataclasses import dataclass
 
-from sluice.worker.models.config_fields import check_config_fields, layer_windows
+from sluice.worker.models.config_fields import (check_config_fields, layer_ropes, layer_types, layer_windows,
+                                                with_defaults)
 from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
 
 
 @dataclass(slots=True, frozen=True)
+class SlidingRope:
+    """The rope of the sliding-window layers, where theirs is their own (Gemma 3)."""
+
+    theta: float
+    scaling: dict | None
+    layers: tuple[int, ...]  # the layers of type sliding_attention (whether or not their window is dropped)
+
+
+@dataclass(slots=True, frozen=True)
 class ModelConfig:
-    """The shape of a Llama-family decoder, read from a Hugging Face config.json."""
+    """The shape of a decoder, read from a Hugging Face config.json."""
 
     architecture: str
     vocab_size: int
@@ -28,6 +38,10 @@ class ModelConfig:
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window in tokens, 0 for full attention (() all full)
+    sliding_rope: SlidingRope | None = None  # None: every layer's rope is rope_theta's and rope_scaling's
+    attention_scale: float = 0.0  # what attention scores are scaled by: head_dim ** -0.5 where 0 (Gemma: its own)
+    attention_softcap: float = 0.0  # attention scores become cap * tanh(score / cap); 0: not capped
+    final_logit_softcap: float = 0.0  # the logits, likewise
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -37,8 +51,8 @@ class ModelConfig:
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py)."""
         check_config_fields(hf)
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        hf = with_defaults(hf)
+        rope, sliding_rope = layer_ropes(hf)
         eos = hf.get("eos_token_id")
         return cls(
             architecture=hf["architectures"][0],
@@ -50,13 +64,17 @@ class ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             rms_norm_eps=hf["rms_norm_eps"],
-            rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            rope_scaling=None if rope_type == "default" else dict(rope, rope_type=rope_type),
+            rope_theta=_rope_theta(rope, hf),
+            rope_scaling=_rope_scaling(rope),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             moe=moe_config_from_hf(hf),
             layer_windows=layer_windows(hf),
+            sliding_rope=_sliding_rope(sliding_rope, hf),
+            attention_scale=hf["query_pre_attn_scalar"] ** -0.5 if hf.get("query_pre_attn_scalar") else 0.0,
+            attention_softcap=hf.get("attn_logit_softcapping") or 0.0,
+            final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
         )
 
     def has_experts(self, layer: int) -> bool:
@@ -71,3 +89,20 @@ class ModelConfig:
     def sliding_window(self, layer: int) -> int:
         """The layer's sliding window in tokens; 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+
+def _rope_theta(rope: dict, hf: dict) -> float:
+    return rope.get("rope_theta") or hf.get("rope_theta") or 10000.0
+
+
+def _rope_scaling(rope: dict) -> dict | None:
+    """The rope's scaling as rope.py takes it (None for plain rope)."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return None if rope_type == "default" else dict(rope, rope_type=rope_type)
+
+
+def _sliding_rope(rope: dict | None, hf: dict) -> SlidingRope | None:
+    if rope is None:
+        return None
+    layers = tuple(layer for layer, kind in enumerate(layer_types(hf)) if kind == "sliding_attention")
+    return SlidingRope(_rope_theta(rope, hf), _rope_scaling(rope), layers)

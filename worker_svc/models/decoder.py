@@ -32,7 +32,8 @@ class Attention(nn.Module):
         has_norms = traits.qk_norm or traits.qk_projection_norm
         self.q_norm, self.k_norm = (RMSNorm(size, config.rms_norm_eps, ops) if has_norms else None
                                     for size in norm_sizes)
-        self.scale = self.head_dim**-0.5
+        self.scale = config.attention_scale or self.head_dim**-0.5
+        self.softcap = config.attention_softcap
         # float32 scalars an FP8 KV cache's keys and values are stored divided by (loading/kv_scales.py)
         self.register_buffer("k_scale", torch.ones(()))
         self.register_buffer("v_scale", torch.ones(()))
@@ -52,7 +53,7 @@ class Attention(nn.Module):
         q = self.ops.prepare_qkv(self.heads(qkv), positions, cos_sin_cache, *self.qk_norms, key_cache, value_cache,
                                  meta.slot_mapping, *kv_scales)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales,
-                                 sliding_window=self.sliding_window)
+                                 sliding_window=self.sliding_window, softcap=self.softcap)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)
 
     def heads(self, qkv: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,17 @@
 """The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits); the mixtures of
-experts among them also say how their MoE layers are shaped (moe_config.py)."""
+experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own
+registers its decoder classes in families.py."""
 from dataclasses import dataclass
 
 
 @dataclass(slots=True, frozen=True)
 class ArchitectureTraits:
-    """What sets one Llama-family architecture apart from plain Llama."""
+    """What sets one architecture apart from plain Llama."""
 
+    activation: str = "silu"  # the gated MLP's, as transformers names it (hidden_act, or hidden_activation)
+    attention_softcapping: bool = False  # the attention reads attn_logit_softcapping (Gemma 2; Gemma 3's ignores it)
     qkv_bias: bool = False
-    qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3)
+    qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3; Gemma 3, as Gemma's norms compute it)
     qk_projection_norm: bool = False  # RMSNorm of the whole q and k projections, across the heads (OLMoE)
     expert_prefix: str = "mlp"  # where a checkpoint's MoE layer is: its router `gate` and its `experts`
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's, as named there

@@ -5,14 +5,17 @@ import torch
 
 
 def rope_inv_freq(head_dim: int, base: float, rope_scaling: dict | None = None) -> torch.Tensor:
-    """fp32 [head_dim / 2] inverse frequencies, as transformers' "default" and "llama3" rope init functions do."""
+    """fp32 [head_dim / 2] inverse frequencies, as transformers' "default", "linear" and "llama3" rope init functions
+    do."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim))
     scaling = rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return inv_freq
+    if rope_type == "linear":  # positions divided by `factor`
+        return inv_freq / scaling["factor"]
     if rope_type != "llama3":
-        raise ValueError(f"rope_type {rope_type!r} is not supported (default, llama3)")
+        raise ValueError(f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
     # -- Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between
     factor = scaling["factor"]
     low_freq_factor = scaling["low_freq_factor"]
