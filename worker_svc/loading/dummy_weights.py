@@ -48,8 +48,7 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"{p}self_attn.v_proj.weight": (kv_size, hidden),
             f"{p}self_attn.o_proj.weight": (hidden, q_size),
             **(_moe_shapes(config, traits, p) if config.has_experts(layer) else _mlp_shapes(config, f"{p}mlp.")),
-            f"{p}input_layernorm.weight": (hidden,),
-            f"{p}post_attention_layernorm.weight": (hidden,),
+            **{f"{p}{norm}.weight": (hidden,) for norm in traits.layer_norms},
         }
         if traits.qkv_bias:
             shapes |= {f"{p}self_attn.q_proj.bias": (q_size,), f"{p}self_attn.k_proj.bias": (kv_size,),

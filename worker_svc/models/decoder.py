@@ -1,5 +1,5 @@
 """One implementation of the Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3, and the mixtures of
-experts Qwen2-MoE, Qwen3-MoE, Mixtral and OLMoE) over a paged KV cache; other families subclass its modules.
+experts Qwen2-MoE, Qwen3-MoE, Mixtral and OLMoE) over a paged KV cache; other families (gemma.py) subclass its modules.
 
 Tokens of all sequences in a step are flattened into one batch: [num_tokens, hidden]. Operators come from an injected
 `ops` object (plain torch on the CPU, Triton kernels on a GPU), so the same module code serves both paths.
@@ -86,8 +86,8 @@ class DecoderLayer(nn.Module):
 
 class DecoderLM(nn.Module):
     """The whole model on one device. A tensor-parallel rank's part of it (tensor_parallel.py) builds its own
-    embedding, attention and MLP modules through the _embedding, _attention and _mlp methods; another family its own
-    layers and norm through _layer and _norm."""
+    embedding, attention and MLP modules through the _embedding, _attention and _mlp methods; another family
+    (gemma.py) its own layers and norm through _layer and _norm."""
 
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
         super().__init__()

@@ -1,11 +1,15 @@
 """Which decoder modules build each architecture: the Llama-family decoder (decoder.py, tensor_parallel.py) unless a
 family brings its own module."""
 from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.gemma import GemmaLM, TensorParallelGemmaLM
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 
 ModelClasses = tuple[type[DecoderLM], type[TensorParallelDecoderLM]]  # (the whole model, a tensor-parallel rank's)
 
-FAMILY_MODELS: dict[str, ModelClasses] = {}
+FAMILY_MODELS: dict[str, ModelClasses] = {
+    "Gemma2ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
+    "Gemma3ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
+}
 
 
 def model_classes(architecture: str) -> ModelClasses:

@@ -1,5 +1,5 @@
 """The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits); the mixtures of
-experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own
+experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own (Gemma)
 registers its decoder classes in families.py."""
 from dataclasses import dataclass
 
@@ -9,6 +9,7 @@ class ArchitectureTraits:
     """What sets one architecture apart from plain Llama."""
 
     activation: str = "silu"  # the gated MLP's, as transformers names it (hidden_act, or hidden_activation)
+    layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # each decoder layer's
     attention_softcapping: bool = False  # the attention reads attn_logit_softcapping (Gemma 2; Gemma 3's ignores it)
     qkv_bias: bool = False
     qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3; Gemma 3, as Gemma's norms compute it)
@@ -16,6 +17,8 @@ class ArchitectureTraits:
     expert_prefix: str = "mlp"  # where a checkpoint's MoE layer is: its router `gate` and its `experts`
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's, as named there
 
+
+_GEMMA_NORMS = (*ArchitectureTraits().layer_norms, "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "LlamaForCausalLM": ArchitectureTraits(),
@@ -26,6 +29,9 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "Qwen3MoeForCausalLM": ArchitectureTraits(qk_norm=True),
     "MixtralForCausalLM": ArchitectureTraits(expert_prefix="block_sparse_moe", expert_projections=("w1", "w3", "w2")),
     "OlmoeForCausalLM": ArchitectureTraits(qk_projection_norm=True),
+    "Gemma2ForCausalLM": ArchitectureTraits(activation="gelu_pytorch_tanh", layer_norms=_GEMMA_NORMS,
+                                            attention_softcapping=True),
+    "Gemma3ForCausalLM": ArchitectureTraits(activation="gelu_pytorch_tanh", layer_norms=_GEMMA_NORMS, qk_norm=True),
 }
 
 
