@@ -7,9 +7,7 @@ import torch
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.worker.config import WorkerConfig
 from sluice.worker.loading.model_loader import LoadedModel, ModelLoader
-from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
-from sluice.worker.models.rope import build_cos_sin_cache
 from sluice.worker.ops.fp8 import FP8
 from sluice.worker.parallel.group import TensorParallelGroup
 from sluice.worker.runner.decode_graphs import DecodeGraphs
@@ -55,7 +53,7 @@ class WorkerEngine:
         a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own."""
         self.runner = None  # a worker set up again (its scheduler lost it) frees the old cache first
         max_model_len = min(max_model_len, self.max_model_len)
-        cos_sin_cache = _cos_sin_cache(self.model_config, max_model_len, self.device)
+        cos_sin_cache = self.model.cos_sin_cache(max_model_len).to(self.device)
         if num_blocks <= 0:
             block_bytes = bytes_per_block(self.local_config, block_size, self.kv_cache_dtype)
             if self.draft_config is not None:
@@ -73,7 +71,7 @@ class WorkerEngine:
             draft_caches = allocate_kv_cache(self.draft_config, num_blocks, block_size, self.config.torch_dtype,
                                              self.device)
             drafter = DraftProposer(graphed(self.draft_model, draft_caches,
-                                            _cos_sin_cache(self.draft_config, max_model_len, self.device)),
+                                            self.draft_model.cos_sin_cache(max_model_len).to(self.device)),
                                     block_size, self.device)
         self.runner = ModelRunner(forward, block_size, self.device, self._sampler(), drafter)
         return num_blocks
@@ -140,11 +138,6 @@ class WorkerEngine:
 
     def execute(self, plan: StepPlan) -> StepOutcome:
         return self.finish(self.launch(plan))
-
-
-def _cos_sin_cache(config: ModelConfig, max_model_len: int, device: torch.device) -> torch.Tensor:
-    return build_cos_sin_cache(config.rotary_dim, max_model_len, config.rope_theta, config.rope_scaling,
-                               torch.float32).to(device)
 
 
 def _check_fp8_kv_cache(config: WorkerConfig, device: torch.device) -> None:

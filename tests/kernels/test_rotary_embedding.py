@@ -15,6 +15,7 @@ YARN_SCALINGS = {  # gpt-oss's, Qwen's (truncated correction range, default beta
     "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
                     "original_max_position_embeddings": 4096},
 }
+LINEAR_SCALING = {"rope_type": "linear", "factor": 8.0}  # Gemma 3's global layers
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,8 +47,8 @@ def test_int32_positions_and_position_zero(device):
     torch.testing.assert_close(key, k0)
 
 
-@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING, *YARN_SCALINGS.values()],
-                         ids=["default", "llama3", *YARN_SCALINGS])
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3_SCALING, LINEAR_SCALING, *YARN_SCALINGS.values()],
+                         ids=["default", "llama3", "linear", *YARN_SCALINGS])
 @pytest.mark.parametrize("head_dim, base", [(64, 10000.0), (128, 500000.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_transformers(rope_scaling, head_dim, base, dtype):

@@ -74,7 +74,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         num_free = self.manager.num_free_blocks
         new_ids = self.manager.allocate_slots(request, num_new)
         self._take_releases(request)
-        if new_ids is None:
+        if new_ids is None:  # nothing taken; a window may have released blocks
+            assert self.manager.num_free_blocks >= num_free if self.attention_window else \
+                self.manager.num_free_blocks == num_free
             return
         self.tables[request.request_id] += new_ids
         self._compute(request, num_new)

@@ -2,9 +2,9 @@
 import random
 
 import pytest
-from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 from sluice.core.finish_reason import FinishReason
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 BLOCK_SIZE = 16
 

@@ -1,9 +1,9 @@
 import pytest
-from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 from sluice.core.errors import InvalidArgument, ResourceExhausted
 from sluice.core.finish_reason import FinishReason
 from sluice.scheduler.request import RequestStatus
+from tests.scheduler.sched_testkit import FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 
 def _admission_order(policy):

@@ -1,8 +1,8 @@
 import pytest
-from tests.scheduler.sched_testkit import EOS, FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 from sluice.core.finish_reason import FinishReason
 from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
+from tests.scheduler.sched_testkit import EOS, FakeWorker, make_request, make_scheduler, run_to_completion, step
 
 
 def test_single_request_runs_to_max_tokens():

@@ -5,10 +5,10 @@ import random
 from collections import deque
 
 import pytest
-from tests.scheduler.sched_testkit import EOS, FakeWorker, make_request, make_scheduler
 
 from sluice.core.errors import InvalidArgument, ResourceExhausted
 from sluice.core.finish_reason import FinishReason
+from tests.scheduler.sched_testkit import EOS, FakeWorker, make_request, make_scheduler
 
 NUM_REQUESTS = 1000
 BLOCK_SIZE = 16

@@ -3,7 +3,6 @@ import torch
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from sluice.worker.engine import WorkerEngine
-from sluice.worker.models.rope import build_cos_sin_cache
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.kv_cache import allocate_kv_cache
 
@@ -38,13 +37,12 @@ def run_greedy(engine: WorkerEngine, prompts: list[list[int]], max_new_tokens: i
 
 def prompt_logits(engine: WorkerEngine, token_ids: list[int]) -> torch.Tensor:
     """float32 [len(token_ids), vocab]: the model's logits at every position of one prompt, in one prefill."""
-    config, n = engine.model_config, len(token_ids)
+    n = len(token_ids)
     num_blocks = -(-n // BLOCK_SIZE)
     kv_caches = allocate_kv_cache(engine.local_config, num_blocks, BLOCK_SIZE, engine.kv_cache_dtype,
                                   engine.device)
     device = engine.device
-    cos_sin_cache = build_cos_sin_cache(config.rotary_dim, n, config.rope_theta, config.rope_scaling,
-                                        torch.float32).to(device)
+    cos_sin_cache = engine.model.cos_sin_cache(n).to(device)
     positions = torch.arange(n, device=device)
     meta = AttentionMetadata(slot_mapping=positions, query_start_loc=torch.tensor([0, n], dtype=torch.int32,
                                                                                   device=device),

@@ -47,8 +47,7 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             **_qkv_shapes(config, traits, f"{p}self_attn."),
             f"{p}self_attn.o_proj.weight": (hidden, q_size),
             **_layer_mlp_shapes(config, traits, layer, p),
-            f"{p}input_layernorm.weight": (hidden,),
-            f"{p}post_attention_layernorm.weight": (hidden,),
+            **{f"{p}{norm}.weight": (hidden,) for norm in traits.layer_norms},
         }
         if traits.qkv_bias:
             shapes |= {f"{p}self_attn.q_proj.bias": (q_size,), f"{p}self_attn.k_proj.bias": (kv_size,),

@@ -22,6 +22,14 @@ PHI4_MINI_LONG_FACTOR = [  # microsoft/Phi-4-mini-instruct's config.json: rope_s
     32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77]
 
 
+def _gemma3_layer_types(num_layers: int) -> list[str]:
+    """Five sliding-window layers to one global layer."""
+    return ["full_attention" if (layer + 1) % 6 == 0 else "sliding_attention" for layer in range(num_layers)]
+
+
+_GEMMA = {"head_dim": 256, "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+          "tie_word_embeddings": True}
+
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
@@ -123,6 +131,21 @@ SHAPES: dict[str, dict] = {
         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
         "original_max_position_embeddings": 4096, "rope_scaling": None, "sliding_window": 2047,
         "tie_word_embeddings": False, "eos_token_id": 32000,
+    },
+    "Gemma-2-2B": {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 256000,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "sliding_window": 4096,
+        "layer_types": ["sliding_attention", "full_attention"] * 13, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "eos_token_id": 1, **_GEMMA,
+    },
+    "Gemma-3-4B": {  # the text half of google/gemma-3-4b-it (Gemma3ForConditionalGeneration's text_config)
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 2560,
+        "intermediate_size": 10240, "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window": 1024,
+        "layer_types": _gemma3_layer_types(34), "rope_theta": 1_000_000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_local_base_freq": 10000.0,
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "eos_token_id": [1, 106], **_GEMMA,
     },
 }
 

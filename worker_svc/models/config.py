@@ -1,14 +1,24 @@
-"""ModelConfig: the shape of a Llama-family decoder (dense or with mixture-of-experts layers), read from a Hugging Face
+"""ModelConfig: the shape of a decoder (dense or with mixture-of-experts layers), read from a Hugging Face
 config.json."""
 from dataclasses import dataclass
 
-from sluice.worker.models.config_fields import check_config_fields, layer_windows, rope_type_of
+from sluice.worker.models.config_fields import (check_config_fields, layer_ropes, layer_types, layer_windows,
+                                                rope_type_of, with_defaults)
 from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
 
 
 @dataclass(slots=True, frozen=True)
+class SlidingRope:
+    """The rope of the sliding-window layers, where theirs is their own (Gemma 3)."""
+
+    theta: float
+    scaling: dict | None
+    layers: tuple[int, ...]  # the layers of type sliding_attention (whether or not their window is dropped)
+
+
+@dataclass(slots=True, frozen=True)
 class ModelConfig:
-    """The shape of a Llama-family decoder, read from a Hugging Face config.json."""
+    """The shape of a decoder, read from a Hugging Face config.json."""
 
     architecture: str
     vocab_size: int
@@ -30,6 +40,10 @@ class ModelConfig:
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window in tokens, 0 for full attention (() all full)
     partial_rotary_factor: float = 1.0  # the share of each head's leading dims that rotary rotates (Phi-4-mini: 0.75)
+    sliding_rope: SlidingRope | None = None  # None: every layer's rope is rope_theta's and rope_scaling's
+    attention_scale: float = 0.0  # what attention scores are scaled by: head_dim ** -0.5 where 0 (Gemma: its own)
+    attention_softcap: float = 0.0  # attention scores become cap * tanh(score / cap); 0: not capped
+    final_logit_softcap: float = 0.0  # the logits, likewise
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -39,8 +53,8 @@ class ModelConfig:
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py)."""
         check_config_fields(hf)
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope_type_of(rope)
+        hf = with_defaults(hf)
+        rope, sliding_rope = layer_ropes(hf)
         eos = hf.get("eos_token_id")
         return cls(
             architecture=hf["architectures"][0],
@@ -52,14 +66,18 @@ class ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             rms_norm_eps=hf["rms_norm_eps"],
-            rope_theta=hf.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            rope_scaling=_rope_scaling(hf, rope, rope_type),
+            rope_theta=_rope_theta(rope, hf),
+            rope_scaling=_rope_scaling(hf, rope),
             max_position_embeddings=hf["max_position_embeddings"],
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             moe=moe_config_from_hf(hf),
             layer_windows=layer_windows(hf),
-            partial_rotary_factor=rope.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0,
+            partial_rotary_factor=hf.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0,
+            sliding_rope=_sliding_rope(sliding_rope, hf),
+            attention_scale=hf["query_pre_attn_scalar"] ** -0.5 if hf.get("query_pre_attn_scalar") else 0.0,
+            attention_softcap=hf.get("attn_logit_softcapping") or 0.0,
+            final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
         )
 
     @property
@@ -81,10 +99,16 @@ class ModelConfig:
         return self.layer_windows[layer] if self.layer_windows else 0
 
 
-def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict | None:
-    """The config's rope scaling (None for plain rope), with the pretraining context as transformers reads it: a
-    top-level original_max_position_embeddings first (Phi-3 keeps it there), else the dict's, else the model's; and
-    for YaRN and LongRoPE the factor, max_position_embeddings over that context where the dict gives none."""
+def _rope_theta(rope: dict, hf: dict) -> float:
+    return rope.get("rope_theta") or hf.get("rope_theta") or 10000.0
+
+
+def _rope_scaling(hf: dict, rope: dict) -> dict | None:
+    """The rope's scaling as rope.py takes it (None for plain rope), with the pretraining context as transformers
+    reads it: a top-level original_max_position_embeddings first (Phi-3 keeps it there), else the dict's, else the
+    model's; and for YaRN and LongRoPE the factor, max_position_embeddings over that context where the dict gives
+    none."""
+    rope_type = rope_type_of(rope)
     if rope_type == "default":
         return None
     scaling = dict(rope, rope_type=rope_type)
@@ -93,3 +117,10 @@ def _rope_scaling(hf: dict, rope: dict, rope_type: str) -> dict | None:
     if rope_type in ("yarn", "longrope") and scaling.get("factor") is None:
         scaling["factor"] = hf["max_position_embeddings"] / scaling["original_max_position_embeddings"]
     return scaling
+
+
+def _sliding_rope(rope: dict | None, hf: dict) -> SlidingRope | None:
+    if rope is None:
+        return None
+    layers = tuple(layer for layer, kind in enumerate(layer_types(hf)) if kind == "sliding_attention")
+    return SlidingRope(_rope_theta(rope, hf), _rope_scaling(hf, rope), layers)

@@ -12,17 +12,21 @@ HONOURED = frozenset({
     "tie_word_embeddings", "eos_token_id", "quantization_config", "num_experts", "num_local_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "sliding_window", "use_sliding_window", "max_window_layers",
+    "query_pre_attn_scalar", "final_logit_softcapping", "rope_local_base_freq", "sliding_window_pattern",
     "swiglu_alpha", "swiglu_limit", "original_max_position_embeddings",
 })
 NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the computation does not read them
     "_name_or_path", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache", "initializer_range",
     "attention_dropout", "bos_token_id", "pad_token_id", "id2label", "label2id", "problem_type", "return_dict",
     "output_attentions", "output_hidden_states", "is_encoder_decoder", "chunk_size_feed_forward",
-    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp", "embd_pdrop",
-    "resid_pdrop",
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp", "cache_implementation",
+    "embd_pdrop", "resid_pdrop",
+    "_sliding_window_pattern",  # transformers' record of sliding_window_pattern, which layer_types spells out
 })
 _ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's first configs name LongRoPE "su"
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+_DEFAULTED = ("tie_word_embeddings", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
+_ROPE_FIELDS = ("rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq")
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,23 +41,35 @@ def rope_type_of(rope: dict) -> str:
     return _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
 
 
-def _attention_bias(value, hf: dict) -> bool:
-    """Biased q, k, v and o projections where the architecture's module has them (gpt-oss), none elsewhere."""
-    return bool(value) == traits_for(hf["architectures"][0]).o_bias
+def _rope(value, hf: dict) -> bool:
+    """A rope, or transformers 5's ropes per layer type (Gemma 3), of the architecture's rope types, rotating whole
+    heads unless the architecture rotates partial ones."""
+    ropes = value.values() if value and set(value) <= set(_LAYER_TYPES) else [value or {}]
+    return all(rope_type_of(rope) in traits_for(hf["architectures"][0]).rope_types
+               and _whole_heads_rotate(rope.get("partial_rotary_factor"), hf) for rope in ropes)
 
 
 def _whole_heads_rotate(value, hf: dict) -> bool:
     return value in (None, 1.0) or traits_for(hf["architectures"][0]).partial_rotary
 
 
-def _rope(value, hf: dict) -> bool:
-    return value is None or (rope_type_of(value) in traits_for(hf["architectures"][0]).rope_types
-                             and _whole_heads_rotate(value.get("partial_rotary_factor"), hf))
+def _attention_bias(value, hf: dict) -> bool:
+    """Biased q, k, v and o projections where the architecture's module has them (gpt-oss), none elsewhere."""
+    return bool(value) == traits_for(hf["architectures"][0]).o_bias
+
+
+def _activation(value, hf: dict) -> bool:
+    return value == ARCHITECTURES[hf["architectures"][0]].activation
+
+
+def _attention_softcapping(value, hf: dict) -> bool:
+    return value is None or ARCHITECTURES[hf["architectures"][0]].attention_softcapping
 
 
 _ROPE_SUPPORTED = "rope_type {rope_types} (partial_rotary_factor 1.0 unless the architecture rotates partial heads)"
 REQUIRED: dict[str, Requirement] = {
-    "hidden_act": Requirement(lambda value, hf: value == "silu", "silu"),
+    "hidden_act": Requirement(_activation, "the family's activation (silu; gelu_pytorch_tanh for Gemma)"),
+    "hidden_activation": Requirement(_activation, "the family's activation (gelu_pytorch_tanh for Gemma)"),
     "attention_bias": Requirement(_attention_bias, "false (biased attention projections), but true for "
                                                    "GptOssForCausalLM"),
     "mlp_bias": Requirement(lambda value, hf: not value, "false (biased MLP projections)"),
@@ -64,6 +80,9 @@ REQUIRED: dict[str, Requirement] = {
     "partial_rotary_factor": Requirement(_whole_heads_rotate, "1.0 (partial rotary embeddings)"),
     "rope_scaling": Requirement(_rope, _ROPE_SUPPORTED),
     "rope_parameters": Requirement(_rope, _ROPE_SUPPORTED),
+    "attn_logit_softcapping": Requirement(_attention_softcapping,
+                                          "null where transformers' attention ignores it (Gemma 3)"),
+    "use_bidirectional_attention": Requirement(lambda value, hf: not value, "false (causal attention)"),
 }
 
 
@@ -80,25 +99,63 @@ def check_config_fields(hf: dict) -> None:
                              f"implement; it supports {requirement.supported.format(rope_types=rope_types)}")
 
 
+def with_defaults(hf: dict) -> dict:
+    """The config with the fields it lacks among those whose defaults differ between families (Gemma ties its
+    embeddings, scales attention its own way, caps its logits), as transformers' config class of its model_type
+    defaults them."""
+    missing = [name for name in _DEFAULTED if name not in hf]
+    if not missing or "model_type" not in hf:
+        return hf
+    config = _transformers_config(hf, ())
+    return hf | {name: getattr(config, name) for name in missing if hasattr(config, name)}
+
+
 def layer_windows(hf: dict) -> tuple[int, ...]:
     """Each layer's sliding window in tokens (0: full attention), as transformers reads the config: a window slides
-    in the layers that layer_types names sliding_attention or, in a config without them, in the layers that its
-    transformers config class makes sliding (Qwen2's max_window_layers), every layer where it makes none (Mistral).
-    A window no shorter than the model's context changes nothing and is dropped."""
+    in the layers of type sliding_attention, in every layer where the config has no layer types (Mistral). A window no
+    shorter than the model's context changes nothing and is dropped."""
     window = hf.get("sliding_window") or 0
     if hf.get("use_sliding_window") is False or window >= hf["max_position_embeddings"]:
         window = 0
     if not window:
         return ()
-    kinds = hf.get("layer_types") or _transformers_layer_types(hf)
+    kinds = layer_types(hf)
     if kinds is None:
         return (window,) * hf["num_hidden_layers"]
     return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
 
 
-def _transformers_layer_types(hf: dict) -> list[str] | None:
-    if "model_type" not in hf:
-        return None
+def layer_types(hf: dict) -> list[str] | None:
+    """Each layer's attention type: the config's layer_types or, in a config without them, those its transformers
+    config class makes (Qwen2's past max_window_layers, Gemma's from sliding_window_pattern); None where it makes
+    none."""
+    if hf.get("layer_types") or "model_type" not in hf:
+        return hf.get("layer_types")
+    return getattr(_transformers_config(hf), "layer_types", None)
+
+
+def layer_ropes(hf: dict) -> tuple[dict, dict | None]:
+    """The rope parameters (rope_theta, and the rope_type with its own fields) of the full-attention layers, and of the
+    sliding-window layers where they have ropes of their own (Gemma 3), as transformers reads them: from
+    rope_parameters (per layer type in Gemma 3's), or from transformers 4's rope_theta, rope_scaling (the global
+    layers') and rope_local_base_freq (the sliding-window layers'), with transformers' defaults for the architectures
+    whose sliding-window layers have a rope of their own."""
+    if "rope_parameters" not in hf and "model_type" in hf and traits_for(hf["architectures"][0]).sliding_rope:
+        config = _transformers_config(hf, _ROPE_FIELDS)  # standardized, with the defaults of the fields it lacks
+        hf = {name: getattr(config, name) for name in _ROPE_FIELDS if hasattr(config, name)}
+    rope = hf.get("rope_parameters")
+    if rope is None:
+        rope = {"rope_theta": hf.get("rope_theta", 10000.0), **(hf.get("rope_scaling") or {})}
+        local_base = hf.get("rope_local_base_freq")
+        return rope, None if local_base is None else {"rope_type": "default", "rope_theta": local_base}
+    if set(rope) <= set(_LAYER_TYPES):
+        return rope["full_attention"], rope.get("sliding_attention")
+    return rope, None
+
+
+def _transformers_config(hf: dict, fields: tuple[str, ...] | None = None):
+    """The config as transformers' config class of its model_type reads it, or only the given fields of it (the others
+    at the class's defaults, whose checks then cannot refuse what the worker serves: a head_dim of its own, say)."""
     from transformers import AutoConfig
-    config = AutoConfig.for_model(**hf)
-    return getattr(config, "layer_types", None)
+    given = hf if fields is None else {name: hf[name] for name in ("model_type", *fields) if name in hf}
+    return AutoConfig.for_model(**given)

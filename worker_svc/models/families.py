@@ -1,6 +1,7 @@
 """Which decoder modules build each architecture: the Llama-family decoder (decoder.py, tensor_parallel.py) unless a
 family brings its own module."""
 from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.gemma import GemmaLM, TensorParallelGemmaLM
 from sluice.worker.models.gpt_oss import GptOssLM, TensorParallelGptOssLM
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 
@@ -8,6 +9,8 @@ ModelClasses = tuple[type[DecoderLM], type[TensorParallelDecoderLM]]  # (the who
 
 FAMILY_MODELS: dict[str, ModelClasses] = {
     "GptOssForCausalLM": (GptOssLM, TensorParallelGptOssLM),
+    "Gemma2ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
+    "Gemma3ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
 }
 
 

@@ -1,14 +1,18 @@
 """The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits); the mixtures of
-experts among them also say how their MoE layers are shaped (moe_config.py)."""
+experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own (Gemma)
+registers its decoder classes in families.py."""
 from dataclasses import dataclass
 
 
 @dataclass(slots=True, frozen=True)
 class ArchitectureTraits:
-    """What sets one Llama-family architecture apart from plain Llama."""
+    """What sets one architecture apart from plain Llama."""
 
+    activation: str = "silu"  # the gated MLP's, as transformers names it (hidden_act, or hidden_activation)
+    layer_norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # each decoder layer's
+    attention_softcapping: bool = False  # the attention reads attn_logit_softcapping (Gemma 2; Gemma 3's ignores it)
     qkv_bias: bool = False
-    qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3)
+    qk_norm: bool = False  # RMSNorm of each q and k head (Qwen3; Gemma 3, as Gemma's norms compute it)
     qk_projection_norm: bool = False  # RMSNorm of the whole q and k projections, across the heads (OLMoE)
     expert_prefix: str = "mlp"  # where a checkpoint's MoE layer is: its router `gate` and its `experts`
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's, as named there
@@ -18,7 +22,10 @@ class ArchitectureTraits:
     fused_checkpoint: bool = False  # the checkpoint publishes q/k/v as one qkv_proj, gate/up as one gate_up_proj
     rope_types: tuple[str, ...] = ("default", "llama3", "yarn")  # the rope_scaling types its transformers module takes
     partial_rotary: bool = False  # partial_rotary_factor: rotary embeddings of each head's leading dims only
+    sliding_rope: bool = False  # the sliding-window layers rotate by a rope of their own (Gemma 3)
 
+
+_GEMMA_NORMS = (*ArchitectureTraits().layer_norms, "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "LlamaForCausalLM": ArchitectureTraits(),
@@ -32,6 +39,10 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
     "GptOssForCausalLM": ArchitectureTraits(qkv_bias=True, o_bias=True, attention_sinks=True, stacked_experts=True),
     "Phi3ForCausalLM": ArchitectureTraits(fused_checkpoint=True, rope_types=("default", "longrope"),
                                           partial_rotary=True),
+    "Gemma2ForCausalLM": ArchitectureTraits(activation="gelu_pytorch_tanh", layer_norms=_GEMMA_NORMS,
+                                            attention_softcapping=True, rope_types=("default", "linear")),
+    "Gemma3ForCausalLM": ArchitectureTraits(activation="gelu_pytorch_tanh", layer_norms=_GEMMA_NORMS, qk_norm=True,
+                                            rope_types=("default", "linear"), sliding_rope=True),
 }
 
 

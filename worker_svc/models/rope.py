@@ -14,6 +14,11 @@ def _default(rotary_dim: int, base: float, scaling: dict, max_position: int) -> 
     return _plain_inv_freq(rotary_dim, base), 1.0
 
 
+def _linear(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
+    """Positions divided by `factor`."""
+    return _plain_inv_freq(rotary_dim, base) / scaling["factor"], 1.0
+
+
 def _llama3(rotary_dim: int, base: float, scaling: dict, max_position: int) -> Frequencies:
     """Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate smoothly in between."""
     inv_freq = _plain_inv_freq(rotary_dim, base)
@@ -82,7 +87,8 @@ def _longrope(rotary_dim: int, base: float, scaling: dict, max_position: int) ->
     return inv_freq, attention_factor
 
 
-_ROPE_TYPES = {"default": _default, "llama3": _llama3, "yarn": _yarn, "longrope": _longrope}  # as transformers'
+_ROPE_TYPES = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn,
+               "longrope": _longrope}  # as transformers'
 
 
 def rope_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None, max_position: int) -> Frequencies:

@@ -23,6 +23,12 @@ class TorchOps:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return weight * x32.to(x.dtype)
 
+    @staticmethod
+    def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """Gemma's RMSNorm: x * (1 + weight), all in float32, rounded once to x's dtype."""
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
+
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
@@ -69,6 +75,12 @@ class TorchOps:
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    @staticmethod
+    def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+        """GeGLU: gelu(gate) * up, gelu's tanh approximation (transformers' gelu_pytorch_tanh)."""
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
     @staticmethod
     def route_tokens(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,60 @@
+"""Gemma 2 and Gemma 3 served through the real services (random weights, token ids in and out), with windows shorter
+than the prompts in their sliding-window layers: Hugging Face's greedy tokens alone, forked over a small KV pool
+(preemption) and 8 at once with prefix-cache hits, and its soft-capped log probabilities, on one worker (proposing
+by ngram) and at -tp 2."""
+import pytest
+import torch
+
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
+from tests.e2e.services import running_services
+from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+NGRAM = ["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1", "--ngram-max", "3"]
+PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
+NUM_TOP = 3
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    built = {}
+    for family in GEMMA_FAMILIES:
+        folder = tmp_path_factory.mktemp(family)
+        save_file(lively_gemma_state(gemma_config(family)), folder / "model.safetensors")
+        AutoConfig.for_model(**gemma_config(family)).save_pretrained(folder)
+        built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return built
+
+
+def _assert_logprobs_match_hf(services, hf, prompt: list[int]) -> None:
+    """The served logprobs of the prompt and of the greedy tokens, with their top alternatives, are Hugging Face's
+    float32 log-softmax of the soft-capped logits."""
+    result = services.client.generate(token_request(prompt, logprobs=NUM_TOP, prompt_logprobs=NUM_TOP))
+    ids = prompt + result.token_ids
+    with torch.inference_mode():
+        expected = hf(torch.tensor([ids])).logits[0].log_softmax(-1)
+    entries = result.prompt_logprobs + result.logprobs
+    assert [entry.token_id for entry in entries] == ids[1:]
+    for position, entry in enumerate(entries):
+        top_values, top_ids = expected[position].topk(NUM_TOP)
+        assert entry.logprob == pytest.approx(expected[position, entry.token_id].item(), abs=1e-4)
+        assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
+        assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
+@pytest.mark.parametrize("family", sorted(GEMMA_FAMILIES))
+def test_served_gemma_matches_hf(checkpoints, family, parallelism):
+    folder, hf = checkpoints[family]
+    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    with running_services(folder, [*scheduler_args, *SMALL_POOL], router_args=["--no-tokenizer"],
+                          tensor_parallel_size=tensor_parallel_size) as services:
+        assert_matches_alone_and_together(services, hf, PROMPTS)
+        _assert_logprobs_match_hf(services, hf, PROMPTS[3])
+        if scheduler_args:  # verifications took proposals, reading their windows as decode rows do
+            assert services.load().num_accepted_tokens > 0

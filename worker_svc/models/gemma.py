@@ -1,0 +1,134 @@
+"""Gemma 2 and Gemma 3 (text), over the Llama-family decoder's modules (decoder.py, tensor_parallel.py).
+
+What Gemma does its own way: the embedding is scaled by sqrt(hidden_size), in the model dtype; every norm is Gemma's
+RMSNorm, x * (1 + weight) in float32; a layer norms attention's output, and the MLP's input and output (GeGLU: the
+tanh approximation of gelu); attention scores scale by query_pre_attn_scalar ** -0.5 (decoder.Attention reads it
+from the config, as it does Gemma 2's soft-capping of them); the logits are soft-capped where the config says so.
+Sliding-window layers alternate with global ones as layer_types say; in Gemma 3 they rotate by a rope of their own
+(rope_local_base_freq), and q and k are normed per head.
+"""
+import dataclasses
+
+import torch
+from torch import nn
+
+from sluice.worker.models.config import ModelConfig
+from sluice.worker.models.decoder import Attention, DecoderLM
+from sluice.worker.models.layers import MLP, RMSNorm
+from sluice.worker.models.registry import ArchitectureTraits
+from sluice.worker.models.rope import build_cos_sin_cache
+from sluice.worker.models.tensor_parallel import RowParallelAttention, RowParallelMLP, TensorParallelDecoderLM
+
+
+class GemmaRMSNorm(RMSNorm):
+    """x * (1 + weight), computed in float32 (ops.gemma_rms_norm)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), or with residual None (norm(x), x)."""
+        residual = x if residual is None else residual + x
+        return self.ops.gemma_rms_norm(residual, self.weight, self.eps), residual
+
+    def project(self, x: torch.Tensor, residual: torch.Tensor | None,
+                linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm(x + residual)), x + residual)."""
+        h, residual = self(x, residual)
+        return self.ops.linear(h, linear), residual
+
+
+class GemmaMLP(MLP):
+    """GeGLU: down(gelu_tanh(gate) * up)."""
+
+    def forward(self, norm: GemmaRMSNorm, x: torch.Tensor,
+                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP of norm(x + residual), x + residual)."""
+        gate_up, residual = norm.project(x, residual, self.gate_up_proj)
+        return self.down(self.ops.gelu_tanh_and_mul(gate_up)), residual
+
+
+class GemmaAttention(Attention):
+    """Gemma 3's per-head q and k norms are Gemma norms, applied before prepare_qkv (whose norms are Llama's)."""
+
+    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int):
+        super().__init__(config, dataclasses.replace(traits, qk_norm=False), ops, layer)
+        self.q_norm, self.k_norm = (GemmaRMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
+                                    for _ in range(2))
+
+    def heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        qkv = super().heads(qkv)
+        if self.q_norm is None:
+            return qkv
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        return torch.cat([self.q_norm(q)[0], self.k_norm(k)[0], v], dim=1)
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Four norms: before and after attention, before and after the MLP. The rotary table holds a Gemma 3 model's
+    sliding-window rope after its global one (GemmaLM.cos_sin_cache); a sliding-window layer reads that half."""
+
+    def __init__(self, config: ModelConfig, self_attn: GemmaAttention, mlp: GemmaMLP, ops, layer: int):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm, \
+            self.post_feedforward_layernorm = (GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+                                               for _ in range(4))
+        self.self_attn = self_attn
+        self.mlp = mlp
+        sliding_rope = config.sliding_rope is not None and layer in config.sliding_rope.layers
+        self.rope_columns = slice(config.head_dim, 2 * config.head_dim) if sliding_rope else slice(0, config.head_dim)
+
+    def forward(self, x, residual, positions, cos_sin_cache, kv_cache, meta):
+        # x: the previous layer's output; residual: the stream it adds to (None before the first layer)
+        qkv, residual = self.input_layernorm.project(x, residual, self.self_attn.qkv_proj)
+        x = self.self_attn(qkv, positions, cos_sin_cache[:, self.rope_columns], kv_cache, meta)
+        x, residual = self.mlp(self.pre_feedforward_layernorm, self.post_attention_layernorm(x)[0], residual)
+        return self.post_feedforward_layernorm(x)[0], residual
+
+
+class GemmaLM(DecoderLM):
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = super().embed(input_ids)
+        # sqrt(hidden_size) rounded to the model dtype first, as transformers scales by a tensor of that dtype
+        return x * torch.tensor(self.config.hidden_size**0.5).to(x.dtype).item()
+
+    def logits(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden_states' rows, soft-capped in the model dtype."""
+        logits, _ = self.norm.project(x, residual, self.lm_head)
+        cap = self.config.final_logit_softcap
+        return (torch.tanh(logits / cap) * cap if cap else logits).float()
+
+    def cos_sin_cache(self, max_position: int) -> torch.Tensor:
+        """[max_position, head_dim] cos/sin rows, or with a rope of the sliding-window layers' own, theirs beside
+        them: [max_position, 2 * head_dim]."""
+        table, rope = super().cos_sin_cache(max_position), self.config.sliding_rope
+        if rope is None:
+            return table
+        sliding = build_cos_sin_cache(self.config.head_dim, max_position, rope.theta, rope.scaling, torch.float32)
+        return torch.cat([table, sliding], dim=1)
+
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int) -> Attention:
+        return GemmaAttention(config, traits, ops, layer)
+
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        return GemmaMLP(config, ops)
+
+    def _layer(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int) -> nn.Module:
+        return GemmaDecoderLayer(config, self._attention(config, traits, ops, layer), self._mlp(config, layer, ops),
+                                 ops, layer)
+
+    def _norm(self, config: ModelConfig, ops) -> RMSNorm:
+        return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+
+
+class RowParallelGemmaAttention(RowParallelAttention, GemmaAttention):
+    """The rank's heads of Gemma's attention."""
+
+
+class RowParallelGemmaMLP(RowParallelMLP, GemmaMLP):
+    """The rank's intermediate columns of Gemma's MLP."""
+
+
+class TensorParallelGemmaLM(TensorParallelDecoderLM, GemmaLM):
+    def _attention(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int) -> Attention:
+        return RowParallelGemmaAttention(config, traits, ops, layer, self.group)
+
+    def _mlp(self, config: ModelConfig, layer: int, ops) -> nn.Module:
+        return RowParallelGemmaMLP(config, ops, self.group)
