@@ -2,9 +2,12 @@
 than the prompts in their sliding-window layers: Hugging Face's greedy tokens alone, forked over a small KV pool
 (preemption) and 8 at once with prefix-cache hits, and its soft-capped log probabilities, on one worker (proposing
 by ngram) and at -tp 2."""
+from functools import partial
+
 import pytest
 import torch
 
+from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
 from tests.e2e.services import running_services
 from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
@@ -54,7 +57,7 @@ def test_served_gemma_matches_hf(checkpoints, family, parallelism):
     scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
     with running_services(folder, [*scheduler_args, *SMALL_POOL], router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, hf, PROMPTS)
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
         _assert_logprobs_match_hf(services, hf, PROMPTS[3])
         if scheduler_args:  # verifications took proposals, reading their windows as decode rows do
             assert services.load().num_accepted_tokens > 0
