@@ -3,6 +3,9 @@ the worker's engine in process) alone, as samples forked over a KV pool too smal
 requests at once with prefix-cache hits."""
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
 
 from sluice.v1 import generation_pb2 as pb
 
@@ -30,3 +33,13 @@ def assert_matches_alone_and_together(services, greedy: Callable[[list[int], int
     assert [result.token_ids for result in results] == expected
     load = services.load()
     assert load.prefix_cache_hit_rate > 0 and load.num_free_blocks == load.num_total_blocks
+
+
+def saved_checkpoint(folder: Path, hf_config: dict, state: dict[str, torch.Tensor]):
+    """(folder, transformers' float32 model of it): the config and weights saved as a Hugging Face folder."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    save_file(state, folder / "model.safetensors")
+    AutoConfig.for_model(**hf_config).save_pretrained(folder)
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint, token_request
 from tests.e2e.services import running_services
 from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
 
@@ -22,16 +22,8 @@ NUM_TOP = 3
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    built = {}
-    for family in GEMMA_FAMILIES:
-        folder = tmp_path_factory.mktemp(family)
-        save_file(lively_gemma_state(gemma_config(family)), folder / "model.safetensors")
-        AutoConfig.for_model(**gemma_config(family)).save_pretrained(folder)
-        built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    return built
+    return {family: saved_checkpoint(tmp_path_factory.mktemp(family), gemma_config(family),
+                                     lively_gemma_state(gemma_config(family))) for family in GEMMA_FAMILIES}
 
 
 def _assert_logprobs_match_hf(services, hf, prompt: list[int]) -> None:

@@ -6,10 +6,9 @@ one worker and at -tp 2 (each rank reading its heads' rows of the fused projecti
 from functools import partial
 
 import pytest
-import torch
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint
 from tests.e2e.services import running_services
 from tests.worker.test_moe_families import lively_state
 from tests.worker.test_phi3_family import ORIGINAL_MAX, PHI3_FAMILIES, TINY_PHI3
@@ -25,17 +24,9 @@ SERVED = {  # the config, and the scheduler's flags
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    built = {}
-    for family, (options, _) in SERVED.items():
-        folder = tmp_path_factory.mktemp(family)
-        hf_config = {**TINY_PHI3, **options}
-        save_file(lively_state(hf_config), folder / "model.safetensors")
-        AutoConfig.for_model(**hf_config).save_pretrained(folder)
-        built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    return built
+    configs = {family: {**TINY_PHI3, **options} for family, (options, _) in SERVED.items()}
+    return {family: saved_checkpoint(tmp_path_factory.mktemp(family), hf_config, lively_state(hf_config))
+            for family, hf_config in configs.items()}
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])

@@ -5,10 +5,9 @@ pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp
 from functools import partial
 
 import pytest
-import torch
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint
 from tests.e2e.services import running_services
 from tests.worker.test_model_families import _TINY
 from tests.worker.test_moe_families import lively_state
@@ -25,17 +24,9 @@ WINDOWED = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    built = {}
-    for family, options in WINDOWED.items():
-        folder = tmp_path_factory.mktemp(family)
-        hf_config = {**_TINY, "pad_token_id": 255, **options}
-        save_file(lively_state(hf_config), folder / "model.safetensors")
-        AutoConfig.for_model(**hf_config).save_pretrained(folder)
-        built[family] = folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    return built
+    configs = {family: {**_TINY, "pad_token_id": 255, **options} for family, options in WINDOWED.items()}
+    return {family: saved_checkpoint(tmp_path_factory.mktemp(family), hf_config, lively_state(hf_config))
+            for family, hf_config in configs.items()}
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])
