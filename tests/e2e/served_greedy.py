@@ -1,10 +1,11 @@
 """The served greedy check of a model through the real services: token-identical to a reference (Hugging Face, or
 the worker's engine in process) alone, as samples forked over a KV pool too small for them (preemption), and under 8
-requests at once with prefix-cache hits."""
+requests at once with prefix-cache hits; its logprobs."""
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import torch
 
 from sluice.v1 import generation_pb2 as pb
@@ -12,6 +13,7 @@ from sluice.v1 import generation_pb2 as pb
 MAX_NEW_TOKENS = 12
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
 SAMPLES_OVER_THE_POOL, FORKED_TOKENS = 4, 24  # forked together, each growing into a third block: 9 blocks
+NUM_TOP = 3
 
 
 def token_request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sampling) -> pb.GenerateRequest:
@@ -43,3 +45,19 @@ def saved_checkpoint(folder: Path, hf_config: dict, state: dict[str, torch.Tenso
     save_file(state, folder / "model.safetensors")
     AutoConfig.for_model(**hf_config).save_pretrained(folder)
     return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def assert_served_logprobs_match_hf(services, hf, prompt: list[int]) -> None:
+    """The served logprobs of the prompt and of the greedy tokens, with their top alternatives, are Hugging Face's
+    float32 log-softmax of its logits."""
+    result = services.client.generate(token_request(prompt, logprobs=NUM_TOP, prompt_logprobs=NUM_TOP))
+    ids = prompt + result.token_ids
+    with torch.inference_mode():
+        expected = hf(torch.tensor([ids])).logits[0].log_softmax(-1)
+    entries = result.prompt_logprobs + result.logprobs
+    assert [entry.token_id for entry in entries] == ids[1:]
+    for position, entry in enumerate(entries):
+        top_values, top_ids = expected[position].topk(NUM_TOP)
+        assert entry.logprob == pytest.approx(expected[position, entry.token_id].item(), abs=1e-4)
+        assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
+        assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)

@@ -5,10 +5,10 @@ by ngram) and at -tp 2."""
 from functools import partial
 
 import pytest
-import torch
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint, token_request
+from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+                                     saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
 
@@ -17,29 +17,12 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
 NGRAM = ["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1", "--ngram-max", "3"]
 PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
-NUM_TOP = 3
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
     return {family: saved_checkpoint(tmp_path_factory.mktemp(family), gemma_config(family),
                                      lively_gemma_state(gemma_config(family))) for family in GEMMA_FAMILIES}
-
-
-def _assert_logprobs_match_hf(services, hf, prompt: list[int]) -> None:
-    """The served logprobs of the prompt and of the greedy tokens, with their top alternatives, are Hugging Face's
-    float32 log-softmax of the soft-capped logits."""
-    result = services.client.generate(token_request(prompt, logprobs=NUM_TOP, prompt_logprobs=NUM_TOP))
-    ids = prompt + result.token_ids
-    with torch.inference_mode():
-        expected = hf(torch.tensor([ids])).logits[0].log_softmax(-1)
-    entries = result.prompt_logprobs + result.logprobs
-    assert [entry.token_id for entry in entries] == ids[1:]
-    for position, entry in enumerate(entries):
-        top_values, top_ids = expected[position].topk(NUM_TOP)
-        assert entry.logprob == pytest.approx(expected[position, entry.token_id].item(), abs=1e-4)
-        assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
-        assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
@@ -50,6 +33,6 @@ def test_served_gemma_matches_hf(checkpoints, family, parallelism):
     with running_services(folder, [*scheduler_args, *SMALL_POOL], router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
-        _assert_logprobs_match_hf(services, hf, PROMPTS[3])
+        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
         if scheduler_args:  # verifications took proposals, reading their windows as decode rows do
             assert services.load().num_accepted_tokens > 0

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf
 from tests.e2e.services import running_services
 from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
 
@@ -34,3 +34,4 @@ def test_served_gpt_oss_matches_hf(checkpoint, tensor_parallel_size):
     with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
+        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])

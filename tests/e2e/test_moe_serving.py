@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
+from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf
 from tests.e2e.services import running_services
 from tests.worker.test_moe_families import MOE_FAMILIES, write_tiny_moe
 
@@ -37,3 +37,4 @@ def test_served_moe_matches_hf(checkpoints, family, parallelism):
     with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
+        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])

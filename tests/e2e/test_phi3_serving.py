@@ -8,7 +8,8 @@ from functools import partial
 import pytest
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint
+from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+                                     saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_moe_families import lively_state
 from tests.worker.test_phi3_family import ORIGINAL_MAX, PHI3_FAMILIES, TINY_PHI3
@@ -36,3 +37,4 @@ def test_served_phi3_matches_hf(checkpoints, family, tensor_parallel_size):
     with running_services(folder, SMALL_POOL + SERVED[family][1], router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
+        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])

@@ -7,7 +7,8 @@ from functools import partial
 import pytest
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, saved_checkpoint
+from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+                                     saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_model_families import _TINY
 from tests.worker.test_moe_families import lively_state
@@ -36,3 +37,4 @@ def test_served_window_matches_hf(checkpoints, family, tensor_parallel_size):
     with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
+        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
