@@ -20,9 +20,9 @@ from sluice.kernels.moe_routing import _topk_softmax_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 UNALIGNED = {"num_pairs", "num_blocks", "num_tokens", "num_experts", "num_chunks", "max_blocks", "stride_as",
-             "stride_se", "stride_sn", "stride_sk"}  # any value
+             "stride_se", "stride_sn", "stride_sk", "stride_be"}  # any value
 SCALES = {"a_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "stride_as": "i32", "stride_se": "i32", "stride_sn": "i32",
-          "stride_sk": "i32"}
+          "stride_sk": "i32", "bias_ptr": "*bf16", "stride_be": "i32"}
 GATE_UP = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "sorted_ids_ptr": "*i32",
            "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_blocks": "i32",
            "hidden": "i32", "intermediate": "i32", "stride_xt": "i32", "stride_we": "i32", "stride_wn": "i32",
@@ -60,10 +60,11 @@ def describe(name: str, compiled) -> str:
     return f"{name}: {compiled.metadata.shared} bytes of shared memory, {pipelined}, {spills}"
 
 
-def gemms(num_tokens: int, precision: str) -> list[str]:
+def gemms(num_tokens: int, precision: str, gpt_oss: bool = False) -> list[str]:
     """Both grouped GEMMs at the config picked for num_tokens of Qwen3-30B-A3B (128 experts, top-8, H 2048, I 768),
     of a precision of PRECISIONS: bf16 or fp32 weights and activations, or e4m3 ones with a scale per row or per
-    128 x 128 block (Qwen3-30B-A3B-FP8's); the outputs in bf16 (float32 for float32)."""
+    128 x 128 block (Qwen3-30B-A3B-FP8's); the outputs in bf16 (float32 for float32). gpt_oss: with expert biases
+    and the clamped SwiGLU."""
     operands, scales = PRECISIONS[precision]
     dtype = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*fp8e4nv": FP8}[operands]
     config = moe_launch_config(num_tokens, 8, 128, 2048, 768, dtype, torch.device("cuda"))
@@ -72,15 +73,16 @@ def gemms(num_tokens: int, precision: str) -> list[str]:
     common = dict(BLOCK_M=config["BLOCK_M"], BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"], EVEN_K=True,
                   DOT_DTYPE=dot[dtype][0], DOT_PRECISION=dot[dtype][1], PDL=True, stride_wk=1) | scales
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
-    tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}"
+    tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}" + (" gpt-oss" if gpt_oss else "")
+    swiglu = dict(SWIGLU_ALPHA=1.702, SWIGLU_LIMIT=7.0) if gpt_oss else dict(SWIGLU_ALPHA=0.0, SWIGLU_LIMIT=0.0)
     lines = []
     for name, kernel, signature, types, extra in (
         ("gate_up", _moe_gate_up_kernel, GATE_UP, {"x_ptr": operands, "w13_ptr": operands, "h_ptr": output},
-         dict(TOP_K=8, BLOCK_N=config["BLOCK_N"] // 2)),
+         dict(TOP_K=8, BLOCK_N=config["BLOCK_N"] // 2) | swiglu),
         ("down", _moe_down_kernel, DOWN, {"h_ptr": operands, "w2_ptr": operands, "y_ptr": output},
          dict(BLOCK_N=config["BLOCK_N"])),
     ):
-        compiled = compile_h200(kernel, signature | types, common | extra, **options)
+        compiled = compile_h200(kernel, signature | types, common | extra | dict(HAS_BIAS=gpt_oss), **options)
         lines.append(describe(f"moe {name} {num_tokens} tokens {precision} {tile}", compiled))
     return lines
 
@@ -91,6 +93,7 @@ def main() -> None:
     print("\n".join(gemms(4096, "fp32")))
     for num_tokens in (1, 4096):
         print("\n".join(gemms(num_tokens, "fp8 rows") + gemms(num_tokens, "fp8 blocks")))
+        print("\n".join(gemms(num_tokens, "bf16", gpt_oss=True)))
     for experts, top_k, block_t in ((128, 8, 32), (512, 8, 8)):
         constexprs = dict(TOP_K=top_k, RENORMALIZE=True, BLOCK_T=block_t, BLOCK_E=experts, BLOCK_K=top_k, PDL=True)
         print(describe(f"topk_softmax {experts} experts", compile_h200(_topk_softmax_kernel, ROUTE, constexprs, 4)))
