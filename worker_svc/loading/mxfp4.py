@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from sluice.worker.loading.named_tensors import tensors_ending_with
+
 BLOCKS, SCALES = "_blocks", "_scales"
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -23,15 +25,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 
 def mxfp4_scales(files: list[Path]) -> dict[str, torch.Tensor]:
     """Each MXFP4 projection's name and its scales, from any of the files."""
-    from safetensors import safe_open
-
-    scales = {}
-    for shard in files:
-        with safe_open(shard, framework="pt") as file:
-            for name in file.keys():
-                if name.endswith(SCALES):
-                    scales[name.removesuffix(SCALES)] = file.get_tensor(name)
-    return scales
+    return {name.removesuffix(SCALES): scales for name, scales in tensors_ending_with(files, (SCALES,)).items()}
 
 
 def dequantized_projection(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

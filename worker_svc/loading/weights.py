@@ -12,6 +12,7 @@ from sluice.worker.loading.fp8_checkpoint import (activation_absmax_bound, check
                                                   weight_block_size)
 from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channel_scales
 from sluice.worker.loading.mxfp4 import BLOCKS, SCALES, dequantized_projection, is_mxfp4, mxfp4_scales
+from sluice.worker.loading.named_tensors import tensors_ending_with
 from sluice.worker.loading.stacked_experts import arrange_stacked_experts
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
@@ -86,15 +87,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
 
 def _block_scales(files: list[Path]) -> dict[str, torch.Tensor]:
     """Each block-wise weight's name and its block scales (weight_scale_inv or weight_scale), from any of the files."""
-    from safetensors import safe_open
-
-    scales = {}
-    for shard in files:
-        with safe_open(shard, framework="pt") as file:
-            for name in file.keys():
-                if name.endswith(_BLOCK_SCALE_SUFFIXES):
-                    scales[name.removesuffix("_inv").removesuffix("_scale")] = file.get_tensor(name)
-    return scales
+    return {name.removesuffix("_inv").removesuffix("_scale"): scales
+            for name, scales in tensors_ending_with(files, _BLOCK_SCALE_SUFFIXES).items()}
 
 
 def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

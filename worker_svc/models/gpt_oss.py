@@ -8,7 +8,6 @@ from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.models.layers import RMSNorm
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
-from sluice.worker.ops.biased_experts import route_top_logits
 from sluice.worker.parallel.group import TensorParallelGroup
 
 
@@ -39,7 +38,8 @@ class GptOssMoeBlock(nn.Module):
     def forward(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the experts' weighted sum for norm(x + residual), x + residual)."""
         h, residual = norm(x, residual)  # h: [num_tokens, hidden]
-        weights, expert_ids = route_top_logits(self.ops.linear(h, self.router), self.top_k)
+        # the softmax of the top-k logits: the top k of the softmax over all experts, renormalized
+        weights, expert_ids = self.ops.route_tokens(self.ops.linear(h, self.router), self.top_k, renormalize=True)
         experts = self.experts
         out = self.ops.biased_experts(h, weights, expert_ids, experts.w13, experts.w13_bias, experts.w2,
                                       experts.w2_bias, self.activation.alpha, self.activation.limit)

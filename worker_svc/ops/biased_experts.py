@@ -1,15 +1,7 @@
-"""gpt-oss's mixture-of-experts operators in plain torch, as transformers computes them: a router whose top-k logits'
-softmax weighs each token's experts, and experts with biased projections and a clamped SwiGLU: TorchOps' (the
-fused MoE kernels compute them for TritonOps)."""
+"""gpt-oss's experts in plain torch, as transformers computes them: biased projections and a clamped SwiGLU; TorchOps'
+(the fused MoE kernels compute them for TritonOps)."""
 import torch
 import torch.nn.functional as F
-
-
-def route_top_logits(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each token's top_k experts by router logit, weighted by the softmax of those k logits (in their dtype):
-    weights [num_tokens, top_k] and int32 expert ids."""
-    top_logits, expert_ids = torch.topk(router_logits, top_k, dim=-1)
-    return torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype), expert_ids.to(torch.int32)
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
