@@ -2,6 +2,7 @@
 norms), at a tiny size with random weights and dense layers mixed in where the family has them: token-identical to
 Hugging Face greedy on one device, and a rank group, sharding every expert's intermediate size or placing whole
 experts on the ranks, gives the whole model's tokens."""
+import weakref
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import random_state_dict
 from sluice.worker.loading.model_loader import ModelLoader
-from sluice.worker.loading.weights import load_checkpoint
+from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
+from sluice.worker.models.config import ModelConfig
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import run_greedy
 
@@ -75,6 +77,16 @@ def test_moe_family_matches_hf(family, checkpoints):
 def test_dense_and_sparse_layers_are_read_as_each_family_places_them(checkpoints):
     sparse = {family: load_checkpoint(folder)[0].moe.sparse_layers for family, folder in checkpoints.items()}
     assert sparse == {"qwen3-moe": (0, 2), "qwen2-moe": (1,), "mixtral": (0, 1, 2), "olmoe": (0, 1, 2)}
+
+
+def test_experts_are_freed_as_they_are_stacked():
+    """A checkpoint's per-expert tensors go once stacked: a 30B mixture's experts never sit in memory twice."""
+    hf_config = {**TINY_MOE, **MOE_FAMILIES["qwen3-moe"]}
+    hf_state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=0)
+    experts = [weakref.ref(tensor) for name, tensor in hf_state.items() if ".experts." in name]
+    state = to_worker_layout(hf_state, ModelConfig.from_hf(hf_config))
+    assert state["layers.0.mlp.experts.w13"].shape == (8, 64, 64) and len(experts) == 2 * 8 * 3
+    assert not hf_state and all(expert() is None for expert in experts)
 
 
 def _check_sharded_rank(group, checkpoints: dict, expert_parallel: bool) -> None:

@@ -104,7 +104,10 @@ def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dic
 
 
 def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The weights renamed, stacked and fused as the worker's modules hold them. Empties hf_state: a tensor stacked
+    or fused into a new one is freed at once, so loading never holds a model's experts twice."""
     state = {name.removeprefix("model."): tensor for name, tensor in per_channel_scales(hf_state).items()}
+    hf_state.clear()
     for layer in range(config.num_layers):
         prefix = f"layers.{layer}."
         traits = traits_for(config.architecture)
@@ -138,14 +141,25 @@ def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: Architect
     _check_experts_precision(state, [f"{e}{part}.weight" for e in expert for part in (gate, up, down)])
     for kind, suffix in (("weight", ""), ("weight_scale", "_scale"), ("weight_block_scale", "_scale")):
         if f"{expert[0]}{gate}.{kind}" in state:
-            state[f"{prefix}mlp.experts.w13{suffix}"] = torch.stack(
-                [torch.cat([state.pop(f"{e}{gate}.{kind}"), state.pop(f"{e}{up}.{kind}")]) for e in expert])
-            state[f"{prefix}mlp.experts.w2{suffix}"] = torch.stack([state.pop(f"{e}{down}.{kind}") for e in expert])
+            state[f"{prefix}mlp.experts.w13{suffix}"] = _stacked(state, [[f"{e}{gate}.{kind}", f"{e}{up}.{kind}"]
+                                                                         for e in expert])
+            state[f"{prefix}mlp.experts.w2{suffix}"] = _stacked(state, [[f"{e}{down}.{kind}"] for e in expert])
     state[f"{prefix}mlp.gate.weight"] = state.pop(f"{moe}gate.weight")
     if len(held) < num_experts:
         expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
         expert_map[held] = torch.arange(len(held), dtype=torch.int32)
         state[f"{prefix}mlp.expert_map"] = expert_map
+
+
+def _stacked(state: dict[str, torch.Tensor], names: list[list[str]]) -> torch.Tensor:
+    """Popped from the state into one new tensor: entry i is names[i]'s tensors concatenated. Each is freed as soon
+    as it is copied, so a layer's experts never need twice their memory."""
+    first = [state[name] for name in names[0]]
+    rows = sum(part.shape[0] for part in first)
+    stacked = torch.empty((len(names), rows, *first[0].shape[1:]), dtype=first[0].dtype, device=first[0].device)
+    for entry, parts in zip(stacked, names):
+        torch.cat([state.pop(name) for name in parts], out=entry)
+    return stacked
 
 
 def _check_experts_precision(state: dict[str, torch.Tensor], names: list[str]) -> None:
