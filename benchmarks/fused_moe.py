@@ -13,8 +13,10 @@ token list, so it cannot be captured). Each row gives:
 - the time of each step alone (routing, align, gate/up, down) at the default launch config.
 At decode sizes a timed replay runs the layer over ROUTINGS different routings, so consecutive calls read different
 experts and the 50-60 MB L2 does not keep them (Qwen3-30B-A3B's 8 experts of one token are 75 MB); prefill sizes read
-every expert (1.2 GB). --sweep times launch configs per token count and prints the best, for
-kernels.fused_moe.moe_launch_config's table. Everything also goes to OUT.json.
+every expert (1.2 GB). --fp8 rows (a scale per row, as --quantization fp8 makes them) or --fp8 blocks (128 x 128
+blocks, as Qwen3-30B-A3B-FP8 publishes them) runs e4m3 experts instead (bytes read count one per weight; the check
+is against the reference on the same e4m3 weights). --sweep times launch configs per token count (--tokens picks
+some) and prints the best, for kernels.fused_moe.moe_launch_config's table. Everything also goes to OUT.json.
 
 `TRITON_INTERPRET=1 python benchmarks/fused_moe.py OUT.json --tiny` runs a tiny shape on the CPU in Triton's
 interpreter (wall-clock times of one call, no bandwidth): a check that the script runs, not a measurement.
@@ -32,9 +34,11 @@ import triton.testing
 
 from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_size, moe_down, moe_gate_up,
                             moe_launch_config, topk_softmax, topk_softmax_ref)
+from sluice.kernels.fp8_quant import FP8, FP8_MAX, quantize_rows_fp8
 
 DTYPE = torch.bfloat16
 BF16_TOL = dict(atol=4e-2, rtol=2e-2)
+FP8_BLOCK = (128, 128)
 ROUTINGS = 8  # routings a timed decode-size replay cycles through
 DECODE_MAX = 256
 
@@ -48,8 +52,8 @@ class MoeShape:
     intermediate: int
     tokens: tuple[int, ...]
 
-    def expert_bytes(self) -> int:
-        return 3 * self.hidden * self.intermediate * torch.finfo(DTYPE).bits // 8
+    def expert_weights(self) -> int:
+        return 3 * self.hidden * self.intermediate
 
     def flops(self, num_tokens: int) -> int:
         return 2 * num_tokens * self.top_k * 3 * self.hidden * self.intermediate
@@ -88,6 +92,49 @@ def matmul_tflops() -> float:
 
 
 @dataclasses.dataclass
+class Experts:
+    """The layer's stacked experts: bf16, or e4m3 with scales per row or per block (block_shape)."""
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
+    block_shape: tuple[int, int] | None = None
+
+    @classmethod
+    def random(cls, shape: MoeShape, device: str, fp8: str | None) -> "Experts":
+        w13 = torch.randn(shape.num_experts, 2 * shape.intermediate, shape.hidden, device=device) / shape.hidden**0.5
+        w2 = torch.randn(shape.num_experts, shape.hidden, shape.intermediate, device=device) / shape.intermediate**0.5
+        if fp8 is None:
+            return cls(w13.to(DTYPE), w2.to(DTYPE))
+        block_shape = FP8_BLOCK if fp8 == "blocks" else None
+        quantize = _quantized_rows if block_shape is None else _quantized_blocks
+        (w13_q, w13_scale), (w2_q, w2_scale) = quantize(w13), quantize(w2)
+        return cls(w13_q, w2_q, w13_scale, w2_scale, block_shape)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(w13_scale=self.w13_scale, w2_scale=self.w2_scale, block_shape=self.block_shape)
+
+    @property
+    def bytes_per_weight(self) -> int:
+        return self.w13.element_size()
+
+
+def _quantized_rows(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    values, scales = quantize_rows_fp8(weights.flatten(0, 1))
+    return values.view(weights.shape), scales.view(weights.shape[:2])
+
+
+def _quantized_blocks(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] in e4m3 with a float32 scale per FP8_BLOCK (N and K multiples of the block)."""
+    rows, cols = FP8_BLOCK
+    blocks = weights.unflatten(2, (-1, cols)).unflatten(1, (-1, rows))  # [E, N / rows, rows, K / cols, cols]
+    scales = blocks.abs().amax(dim=(2, 4)) / FP8_MAX
+    values = (blocks / scales[:, :, None, :, None]).to(FP8).flatten(3, 4).flatten(1, 2)
+    return values, scales
+
+
+@dataclasses.dataclass
 class Step:
     """One token count's inputs: x and ROUTINGS router logits (one for prefill sizes), routed once ahead."""
     x: torch.Tensor
@@ -106,19 +153,19 @@ class Step:
         return sum(ids.unique().numel() for _, ids in self.routed) / len(self.routed)
 
 
-def bench_tokens(shape: MoeShape, num_tokens: int, w13, w2, device: str, copy_gbs, peak_tflops) -> dict:
+def bench_tokens(shape: MoeShape, num_tokens: int, experts: Experts, device: str, copy_gbs, peak_tflops) -> dict:
     step = Step.make(shape, num_tokens, device)
-    x, k = step.x, shape.top_k
+    x, k, w13, w2 = step.x, shape.top_k, experts.w13, experts.w2
 
     def layer():
         for logits in step.logits:
-            fused_experts(x, *topk_softmax(logits, k, True), w13, w2)
+            fused_experts(x, *topk_softmax(logits, k, True), w13, w2, **experts.kwargs)
 
     def reference():
-        fused_experts_ref(x, *topk_softmax_ref(step.logits[0], k, True), w13, w2)
+        fused_experts_ref(x, *topk_softmax_ref(step.logits[0], k, True), w13, w2, **experts.kwargs)
 
-    out = fused_experts(x, *step.routed[0], w13, w2)
-    expected = fused_experts_ref(x, *step.routed[0], w13, w2)
+    out = fused_experts(x, *step.routed[0], w13, w2, **experts.kwargs)
+    expected = fused_experts_ref(x, *step.routed[0], w13, w2, **experts.kwargs)
     err = (out.float() - expected.float()).abs().max().item()
     try:
         torch.testing.assert_close(out, expected, **BF16_TOL)
@@ -128,51 +175,59 @@ def bench_tokens(shape: MoeShape, num_tokens: int, w13, w2, device: str, copy_gb
 
     ms = time_ms(layer, device) / len(step.logits)
     ref_ms = eager_ms(reference, device)
-    weight_bytes = step.experts_read() * shape.expert_bytes()
+    weight_bytes = step.experts_read() * shape.expert_weights() * experts.bytes_per_weight
     gbs, tflops = weight_bytes / ms / 1e6, shape.flops(num_tokens) / ms / 1e9
     row = dict(tokens=num_tokens, ok=ok, max_abs_err=err, us=ms * 1e3, ref_us=ref_ms * 1e3,
                experts_read=step.experts_read(), weight_gbs=gbs, tflops=tflops,
                frac_of_copy=gbs / copy_gbs if copy_gbs else None,
                frac_of_matmul=tflops / peak_tflops if peak_tflops else None)
-    row.update(_breakdown_us(shape, step, w13, w2, device))
+    row.update(_breakdown_us(shape, step, experts, device))
     return row
 
 
-def _breakdown_us(shape: MoeShape, step: Step, w13, w2, device: str) -> dict:
+def _breakdown_us(shape: MoeShape, step: Step, experts: Experts, device: str) -> dict:
     """Each step of the layer alone, on the first routing, at the default launch config."""
     x, logits, (weights, ids) = step.x, step.logits[0], step.routed[0]
-    config = moe_launch_config(x.shape[0], shape.top_k, shape.num_experts, shape.hidden, shape.intermediate, DTYPE,
-                               x.device)
+    config = moe_launch_config(x.shape[0], shape.top_k, shape.num_experts, shape.hidden, shape.intermediate,
+                               experts.w13.dtype, x.device)
     blocks = moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"])
-    h = moe_gate_up(x, w13, blocks, shape.top_k, config)
+    scales = dict(block_shape=experts.block_shape)
+
+    def gate_up():
+        return moe_gate_up(x, experts.w13, blocks, shape.top_k, config, experts.w13_scale, **scales)
+
+    h = gate_up()
     return dict(
         config=config,
         route_us=time_ms(lambda: topk_softmax(logits, shape.top_k, True), device) * 1e3,
         align_us=time_ms(lambda: moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"]), device) * 1e3,
-        gate_up_us=time_ms(lambda: moe_gate_up(x, w13, blocks, shape.top_k, config), device) * 1e3,
-        down_us=time_ms(lambda: moe_down(h, w2, weights, blocks, config), device) * 1e3,
+        gate_up_us=time_ms(gate_up, device) * 1e3,
+        down_us=time_ms(lambda: moe_down(h, experts.w2, weights, blocks, config, w2_scale=experts.w2_scale,
+                                         **scales), device) * 1e3,
     )
 
 
 def sweep_configs(num_tokens: int):
     """Launch configs worth timing at this token count (tiles whose pipeline fits 200 KB of shared memory)."""
-    block_ms = (16,) if num_tokens <= 64 else (16, 32, 64) if num_tokens <= 512 else (64, 128)
-    groups = (1,) if num_tokens <= DECODE_MAX else (1, 8)
-    for bm, bn, bk, warps, stages, group in itertools.product(block_ms, (32, 64, 128, 256), (64, 128, 256), (4, 8),
-                                                              (2, 3, 4), groups):
+    if num_tokens > DECODE_MAX:
+        space = itertools.product((64, 128), (64, 128, 256), (64, 128), (4, 8), (3, 4), (8,))
+    else:
+        block_ms = (16,) if num_tokens <= 64 else (16, 32, 64)
+        space = itertools.product(block_ms, (32, 64, 128, 256), (64, 128, 256), (4, 8), (2, 3, 4), (1,))
+    for bm, bn, bk, warps, stages, group in space:
         if (bm * bk + bk * bn) * 2 * stages <= 200_000:
             yield dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages)
 
 
-def sweep(shape: MoeShape, w13, w2) -> list[dict]:
+def sweep(shape: MoeShape, experts: Experts, token_counts: tuple[int, ...]) -> list[dict]:
     """The fastest launch config of fused_experts (routing excluded) per token count, against the default."""
     rows = []
-    for num_tokens in shape.tokens:
+    for num_tokens in token_counts:
         step = Step.make(shape, num_tokens, "cuda")
 
         def run(config):
             for weights, ids in step.routed:
-                fused_experts(step.x, weights, ids, w13, w2, launch_config=config)
+                fused_experts(step.x, weights, ids, experts.w13, experts.w2, **experts.kwargs, launch_config=config)
 
         default_ms = time_ms(lambda: run(None), "cuda") / len(step.routed)
         best = (default_ms, None)
@@ -194,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("json_out", help="where to write the results as JSON")
     parser.add_argument("--sweep", action="store_true", help="also time launch configs per token count")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on the CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--fp8", choices=["rows", "blocks"], help="e4m3 experts, a scale per row or per block")
+    parser.add_argument("--tokens", type=int, nargs="+", help="the token counts to time (default: the shape's)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
@@ -214,17 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result["device"] = "cpu (Triton interpreter)"
 
-    w13 = (torch.randn(shape.num_experts, 2 * shape.intermediate, shape.hidden, device=device)
-           / shape.hidden**0.5).to(DTYPE)
-    w2 = (torch.randn(shape.num_experts, shape.hidden, shape.intermediate, device=device)
-          / shape.intermediate**0.5).to(DTYPE)
+    if args.fp8 and not cuda:
+        print("--fp8 needs a CUDA device with FP8 dots", file=sys.stderr)
+        return 2
+    experts = Experts.random(shape, device, args.fp8)
+    token_counts = tuple(args.tokens or shape.tokens)
     print(f"\n{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H {shape.hidden}, I {shape.intermediate}, "
-          f"bf16; layer = routing + fused_experts")
+          f"{f'FP8 by {args.fp8}' if args.fp8 else 'bf16'}; layer = routing + fused_experts")
     print(f"{'tokens':>6} {'check':>5} {'us':>9} {'ref us':>9} {'experts':>7} {'GB/s':>6} {'of copy':>7} "
           f"{'TFLOP/s':>7} {'of mm':>6}   {'route':>6} {'align':>6} {'gate_up':>8} {'down':>8}  config")
     result["layer"] = []
-    for num_tokens in shape.tokens:
-        row = bench_tokens(shape, num_tokens, w13, w2, device, copy_gbs, peak_tflops)
+    for num_tokens in token_counts:
+        row = bench_tokens(shape, num_tokens, experts, device, copy_gbs, peak_tflops)
         result["layer"].append(row)
         frac = lambda v: f"{v:.0%}" if v is not None else "-"  # noqa: E731
         c = row["config"]
@@ -235,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} w{c['num_warps']} s{c['num_stages']}")
 
     if args.sweep and cuda:
-        result["sweep"] = sweep(shape, w13, w2)
+        result["sweep"] = sweep(shape, experts, token_counts)
 
     with open(args.json_out, "w") as f:
         json.dump(result, f, indent=2)
