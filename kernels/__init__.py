@@ -16,7 +16,7 @@ from sluice.kernels.decode_inputs import decode_step_inputs, decode_step_inputs_
 from sluice.kernels.fused_linear import fused_linear, fused_linear_ref
 from sluice.kernels.fused_moe import (fused_experts, fused_experts_ref, moe_down, moe_down_ref, moe_gate_up,
                                       moe_gate_up_ref, moe_launch_config)
-from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, moe_align_block_size_ref
+from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, moe_align_block_size_ref, pair_blocks
 from sluice.kernels.moe_routing import topk_softmax, topk_softmax_ref
 from sluice.kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from sluice.kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
@@ -41,6 +41,7 @@ __all__ = [
     "moe_gate_up",
     "moe_gate_up_ref",
     "moe_launch_config",
+    "pair_blocks",
     "paged_decode_attention",
     "paged_decode_attention_ref",
     "paged_prefill_attention",

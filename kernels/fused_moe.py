@@ -1,7 +1,8 @@
 """The fused mixture-of-experts layer (vLLM's fused_moe): every routed (token, expert) pair of a step in two grouped
 GEMM launches, whatever the number of experts.
 
-1. kernels.moe_align sorts the pairs by local expert into blocks of BLOCK_M rows, each block one expert's.
+1. kernels.moe_align sorts the pairs by local expert into blocks of BLOCK_M rows, each block one expert's; a step
+   of at most experts / SPARSE_STEP pairs (a decode step of a few tokens) skips it: each pair is its own block.
 2. moe_gate_up: one launch over (block, column tile); a program multiplies its block's token rows by its expert's
    gate and up rows (w13 [E, 2I, H]) and stores silu(gate) * up: h [pairs, I], by pair.
 3. moe_down: one launch the same way over w2 [E, H, I]; the epilogue multiplies each row by its routing weight:
@@ -28,9 +29,10 @@ from sluice.kernels.activation import silu_and_mul_ref
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.fp8_quant import (FP8, quantize_row_groups_fp8, quantize_row_groups_fp8_ref, quantize_rows_fp8,
                                       quantize_rows_fp8_ref)
-from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size
+from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, pair_blocks
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SPARSE_STEP = 4  # a step of at most experts / 4 pairs gives each pair its own block, unsorted (as vLLM does)
 
 
 @triton.jit
@@ -41,6 +43,21 @@ def _tile_of(pid, num_blocks, num_col_tiles, GROUP_M: tl.constexpr):
     first = pid // per_group * GROUP_M
     size = tl.minimum(num_blocks - first, GROUP_M)
     return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def _block_pairs(pid_m, sorted_ids_ptr, block_experts_ptr, num_padded_ptr, num_pairs, BLOCK_M: tl.constexpr,
+                 ONE_PAIR_EACH: tl.constexpr):
+    """(pairs [BLOCK_M], expert, in use) of block pid_m: its rows' pair ids (num_pairs on padding rows) and its
+    expert; a block past those in use, or of a pair on another rank, has nothing to compute."""
+    expert = tl.load(block_experts_ptr + pid_m)
+    if ONE_PAIR_EACH:
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+        in_use = expert >= 0
+    else:
+        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        in_use = pid_m * BLOCK_M < tl.load(num_padded_ptr)
+    return pairs, expert.to(tl.int64), in_use
 
 
 @triton.jit
@@ -94,7 +111,8 @@ def _moe_gate_up_kernel(
     x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
     num_pairs, num_blocks, hidden, intermediate,
     stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_be,
-    HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr,
+    ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -110,11 +128,11 @@ def _moe_gate_up_kernel(
     """
     wait_for_inputs(PDL)
     pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(intermediate, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+    pairs, expert, in_use = _block_pairs(pid_m, sorted_ids_ptr, block_experts_ptr, num_padded_ptr, num_pairs,
+                                         BLOCK_M, ONE_PAIR_EACH)
+    if not in_use:
         return
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     row_mask = pairs < num_pairs
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
     # -- gate and up products of the block's tokens
@@ -155,20 +173,21 @@ def _moe_down_kernel(
     h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
     num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
     stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_be,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr,
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
     block's pairs and BLOCK_N hidden columns n (plus bias[e, n] with HAS_BIAS). The product is rounded to the model
     dtype before the routing weight (itself rounded to the model dtype) multiplies it, as the model code does."""
     wait_for_inputs(PDL)
     pid_m, pid_n = _tile_of(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+    pairs, expert, in_use = _block_pairs(pid_m, sorted_ids_ptr, block_experts_ptr, num_padded_ptr, num_pairs,
+                                         BLOCK_M, ONE_PAIR_EACH)
+    if not in_use:
         return
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     row_mask = pairs < num_pairs
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
     # -- down products of the block's rows of h
@@ -312,10 +331,9 @@ def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k:
     if num_blocks:
         _moe_gate_up_kernel[(num_blocks * triton.cdiv(intermediate, block_n),)](
             a, w13, h, **_bias_arguments(bias, w13), SWIGLU_ALPHA=alpha, SWIGLU_LIMIT=limit,
-            sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
-            num_padded_ptr=blocks.num_padded, num_pairs=h.shape[0], num_blocks=num_blocks, hidden=hidden,
+            **_block_arguments(blocks), num_pairs=h.shape[0], num_blocks=num_blocks, hidden=hidden,
             intermediate=intermediate, stride_xt=a.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
-            stride_wk=w13.stride(2), stride_ht=h.stride(0), TOP_K=top_k, BLOCK_M=blocks.block_m, BLOCK_N=block_n,
+            stride_wk=w13.stride(2), stride_ht=h.stride(0), TOP_K=top_k, BLOCK_N=block_n,
             **scales, **_kernel_options(config, hidden, a, scales["GROUP_K"], pdl),
         )
     return h
@@ -344,13 +362,21 @@ def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, bloc
     num_blocks = blocks.block_experts.shape[0]
     if num_blocks:
         _moe_down_kernel[(num_blocks * triton.cdiv(hidden, config["BLOCK_N"]),)](
-            a, w2, weights, y, **_bias_arguments(bias, w2), sorted_ids_ptr=blocks.sorted_ids, block_experts_ptr=blocks.block_experts,
-            num_padded_ptr=blocks.num_padded, num_pairs=num_pairs, num_blocks=num_blocks, hidden=hidden,
-            intermediate=intermediate, stride_ht=a.stride(0), stride_we=w2.stride(0), stride_wn=w2.stride(1),
-            stride_wk=w2.stride(2), stride_yt=y.stride(0), BLOCK_M=blocks.block_m, BLOCK_N=config["BLOCK_N"],
+            a, w2, weights, y, **_bias_arguments(bias, w2), **_block_arguments(blocks), num_pairs=num_pairs,
+            num_blocks=num_blocks, hidden=hidden, intermediate=intermediate, stride_ht=a.stride(0),
+            stride_we=w2.stride(0), stride_wn=w2.stride(1), stride_wk=w2.stride(2), stride_yt=y.stride(0),
+            BLOCK_N=config["BLOCK_N"],
             **scales, **_kernel_options(config, intermediate, a, scales["GROUP_K"], pdl),
         )
     return y
+
+
+def _block_arguments(blocks: ExpertBlocks) -> dict:
+    """A GEMM kernel's arguments for the step's blocks (pair_blocks' have no sorted list: any pointer stands in)."""
+    return dict(sorted_ids_ptr=blocks.block_experts if blocks.one_pair_each else blocks.sorted_ids,
+                block_experts_ptr=blocks.block_experts,
+                num_padded_ptr=blocks.block_experts if blocks.one_pair_each else blocks.num_padded,
+                BLOCK_M=blocks.block_m, ONE_PAIR_EACH=blocks.one_pair_each)
 
 
 def _bias_arguments(bias: torch.Tensor | None, weight: torch.Tensor) -> dict:
@@ -409,7 +435,10 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     dot_dtype = x.dtype if w13_scale is None else FP8
     config = launch_config or moe_launch_config(num_tokens, top_k, num_experts, hidden, intermediate, dot_dtype,
                                                 x.device)
-    blocks = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"], expert_map, pdl=pdl)
+    if expert_map is None and num_tokens * top_k * SPARSE_STEP <= num_experts:
+        blocks = pair_blocks(topk_ids, config["BLOCK_M"])
+    else:
+        blocks = moe_align_block_size(topk_ids, num_experts, config["BLOCK_M"], expert_map, pdl=pdl)
     options = dict(block_shape=block_shape, absmax_bound=absmax_bound, pdl=pdl)
     h = moe_gate_up(x, w13, blocks, top_k, config, w13_scale, **options, bias=w13_bias, swiglu=swiglu)  # [T * k, I]
     y = moe_down(h, w2, topk_weights, blocks, config, expert_map is not None, w2_scale, **options,
@@ -465,8 +494,11 @@ def moe_down_ref(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, 
 
 def _pairs_by_expert(blocks: ExpertBlocks, num_pairs: int):
     """(expert, int64 pair ids) for each expert with a block."""
-    rows = blocks.sorted_ids[:int(blocks.num_padded)].long()
-    experts = blocks.block_experts.repeat_interleave(blocks.block_m)[:rows.numel()]
+    if blocks.one_pair_each:
+        rows, experts = torch.arange(num_pairs, device=blocks.block_experts.device), blocks.block_experts
+    else:
+        rows = blocks.sorted_ids[:int(blocks.num_padded)].long()
+        experts = blocks.block_experts.repeat_interleave(blocks.block_m)[:rows.numel()]
     routed = rows < num_pairs
     for expert in experts[routed].unique().tolist():
         yield expert, rows[routed & (experts == expert)]

@@ -16,11 +16,21 @@ from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 
 
 class ExpertBlocks(NamedTuple):
-    """The pairs of one MoE step, grouped into blocks of block_m rows that each belong to one expert."""
-    sorted_ids: torch.Tensor  # int32 [max_blocks * block_m]: pair ids by expert, runs padded with num_pairs
+    """The pairs of one MoE step, grouped into blocks of block_m rows that each belong to one expert; or with
+    one_pair_each (pair_blocks), block b holds pair b alone in its first row."""
+    sorted_ids: torch.Tensor | None  # int32 [max_blocks * block_m]: pair ids by expert, runs padded with num_pairs
     block_experts: torch.Tensor  # int32 [max_blocks]: each block's local expert, -1 past the last block in use
-    num_padded: torch.Tensor  # int32 [1]: rows in use, a multiple of block_m; rows past it are not written
+    num_padded: torch.Tensor | None  # int32 [1]: rows in use, a multiple of block_m; rows past it are not written
     block_m: int
+    one_pair_each: bool = False
+
+
+def pair_blocks(topk_ids: torch.Tensor, block_m: int) -> ExpertBlocks:
+    """Each pair its own block, in pair order (vLLM's naive block assignment): nothing to sort and nothing to launch.
+    For steps whose pairs mostly go to different experts (a decode step of a few tokens over many experts), where
+    sorted blocks would hold one pair each as well; ids are local experts."""
+    _check(topk_ids, 1, block_m, None)
+    return ExpertBlocks(None, topk_ids.reshape(-1), None, block_m, one_pair_each=True)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sluice.kernels.fp8_quant import FP8
-from sluice.kernels.fused_moe import _moe_down_kernel, _moe_gate_up_kernel, moe_launch_config
+from sluice.kernels.fused_moe import SPARSE_STEP, _moe_down_kernel, _moe_gate_up_kernel, moe_launch_config
 from sluice.kernels.moe_align import _moe_align_count_kernel, _moe_align_kernel
 from sluice.kernels.moe_routing import _topk_softmax_kernel
 
@@ -71,7 +71,8 @@ def gemms(num_tokens: int, precision: str, gpt_oss: bool = False) -> list[str]:
     dot = {torch.float32: (tl.float32, "ieee"), torch.bfloat16: (tl.bfloat16, "tf32"), FP8: (tl.float8e4nv, "tf32")}
     output = "*fp32" if precision == "fp32" else "*bf16"
     common = dict(BLOCK_M=config["BLOCK_M"], BLOCK_K=config["BLOCK_K"], GROUP_M=config["GROUP_M"], EVEN_K=True,
-                  DOT_DTYPE=dot[dtype][0], DOT_PRECISION=dot[dtype][1], PDL=True, stride_wk=1) | scales
+                  DOT_DTYPE=dot[dtype][0], DOT_PRECISION=dot[dtype][1], PDL=True, stride_wk=1,
+                  ONE_PAIR_EACH=num_tokens * 8 * SPARSE_STEP <= 128) | scales
     options = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     tile = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}" + (" gpt-oss" if gpt_oss else "")
     swiglu = dict(SWIGLU_ALPHA=1.702, SWIGLU_LIMIT=7.0) if gpt_oss else dict(SWIGLU_ALPHA=0.0, SWIGLU_LIMIT=0.0)

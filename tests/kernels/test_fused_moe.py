@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_size, moe_align_block_size_ref, moe_down,
-                            moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_launch_config, topk_softmax,
+                            moe_down_ref, moe_gate_up, moe_gate_up_ref, moe_launch_config, pair_blocks, topk_softmax,
                             topk_softmax_ref)
 from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
 from sluice.worker.models.moe import Experts
@@ -118,13 +118,15 @@ def test_align_of_no_pairs(device):
 # -- the grouped GEMMs and the layer
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gate_up_and_down_match_their_references(device, dtype):
+@pytest.mark.parametrize("one_pair_each", [False, True], ids=["sorted", "pair-blocks"])
+def test_gate_up_and_down_match_their_references(device, dtype, one_pair_each):
     num_tokens, num_experts, top_k, hidden, intermediate = 5, 16, 8, 72, 40
     weights, ids = _routing(num_tokens, num_experts, top_k, device)
     x = torch.randn(num_tokens, hidden, device=device).to(dtype)
     w13, w2 = _experts(num_experts, hidden, intermediate, dtype, device)
     config = moe_launch_config(num_tokens, top_k, num_experts, hidden, intermediate, dtype, device)
-    blocks = moe_align_block_size(ids, num_experts, config["BLOCK_M"])
+    blocks = pair_blocks(ids, config["BLOCK_M"]) if one_pair_each else \
+        moe_align_block_size(ids, num_experts, config["BLOCK_M"])
     h = moe_gate_up(x, w13, blocks, top_k, config)
     torch.testing.assert_close(h, moe_gate_up_ref(x, w13, blocks, top_k), **TOL[dtype])
     torch.testing.assert_close(moe_down(h, w2, weights, blocks, config), moe_down_ref(h, w2, weights, blocks),
@@ -133,7 +135,8 @@ def test_gate_up_and_down_match_their_references(device, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [
-    (1, 8, 2, 72, 40),
+    (1, 8, 2, 72, 40),  # a sparse step: each pair its own block
+    (3, 64, 4, 72, 40),  # the same, over several tokens
     (5, 16, 8, 96, 80),
     (37, 16, 1, 72, 40),
     (37, 8, 2, 128, 64),  # K slices without a masked tail
