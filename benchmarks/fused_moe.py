@@ -10,7 +10,8 @@ token list, so it cannot be captured). Each row gives:
   read plus bytes written, as benchmarks/kernel_timings.py does); the issue asks >= 70% at 1-256 tokens;
 - the FLOPs (2 * pairs * 3 * H * I) over the layer's time, in TFLOP/s and as a fraction of a bf16 8192^3
   torch.matmul measured in the same run; the issue asks >= 60% at >= 4096 tokens;
-- the time of each step alone (routing, align, gate/up, down) at the default launch config.
+- the time of each step alone (routing, align (none for a sparse step), gate/up, down) at the default launch
+  config.
 At decode sizes a timed replay runs the layer over ROUTINGS different routings, so consecutive calls read different
 experts and the 50-60 MB L2 does not keep them (Qwen3-30B-A3B's 8 experts of one token are 75 MB); prefill sizes read
 every expert (1.2 GB). --fp8 rows (a scale per row, as --quantization fp8 makes them) or --fp8 blocks (128 x 128
@@ -33,8 +34,9 @@ import triton
 import triton.testing
 
 from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_size, moe_down, moe_gate_up,
-                            moe_launch_config, topk_softmax, topk_softmax_ref)
+                            moe_launch_config, pair_blocks, topk_softmax, topk_softmax_ref)
 from sluice.kernels.fp8_quant import FP8, FP8_MAX, quantize_rows_fp8
+from sluice.kernels.fused_moe import SPARSE_STEP
 
 DTYPE = torch.bfloat16
 BF16_TOL = dict(atol=4e-2, rtol=2e-2)
@@ -190,7 +192,9 @@ def _breakdown_us(shape: MoeShape, step: Step, experts: Experts, device: str) ->
     x, logits, (weights, ids) = step.x, step.logits[0], step.routed[0]
     config = moe_launch_config(x.shape[0], shape.top_k, shape.num_experts, shape.hidden, shape.intermediate,
                                experts.w13.dtype, x.device)
-    blocks = moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"])
+    sparse = ids.numel() * SPARSE_STEP <= shape.num_experts  # fused_experts' choice: each pair its own block
+    blocks = pair_blocks(ids, config["BLOCK_M"]) if sparse else \
+        moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"])
     scales = dict(block_shape=experts.block_shape)
 
     def gate_up():
@@ -200,7 +204,8 @@ def _breakdown_us(shape: MoeShape, step: Step, experts: Experts, device: str) ->
     return dict(
         config=config,
         route_us=time_ms(lambda: topk_softmax(logits, shape.top_k, True), device) * 1e3,
-        align_us=time_ms(lambda: moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"]), device) * 1e3,
+        align_us=0.0 if sparse else
+        time_ms(lambda: moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"]), device) * 1e3,
         gate_up_us=time_ms(gate_up, device) * 1e3,
         down_us=time_ms(lambda: moe_down(h, experts.w2, weights, blocks, config, w2_scale=experts.w2_scale,
                                          **scales), device) * 1e3,
