@@ -26,6 +26,9 @@
 #               through two, alternating, the load from two client processes
 #   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count
 #               (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 and the standard workload beside Qwen3-0.6B's
+#   window      Mistral-7B-v0.1's KV blocks in use over 8 prompts of 32k tokens, with its sliding window and without;
+#               the attention kernels of sliding and global layers in decode steps of Gemma-3-4B and gpt-oss-20b
+#               (benchmarks/sliding_window.py)
 # Needs Sluice installed: `pip install -e .`, or on a machine without grpcio-tools the wheel that
 # `pip wheel --no-deps --no-build-isolation -w .whl .` builds here. PYTHONSAFEPATH keeps the checkout's folders
 # (router/, kernels/) off sys.path, where they would shadow the installed packages.
@@ -138,6 +141,9 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
         bench latency --model $model "${DUMMY[@]}" --in-process --out "$OUT/latency_${model}_inproc.json"
         BENCH_TIMEOUT=400 bench throughput --model $model "${DUMMY[@]}" --out "$OUT/throughput_$model.json"
       done ;;
+    window)
+      timeout 420 python3 benchmarks/sliding_window.py "$OUT/sliding_window.json" 2>&1 \
+        | grep -v -e Warning -e STAGE: -e USDT: | tail -30 ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 benchmarks/kernel_timings.py "$OUT/kernels.json" 2>&1 | tail -40 ;;
