@@ -20,28 +20,37 @@ from sluice.kernels.rms_norm import rms_norm_ref
 
 
 @triton.jit
-def _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL: tl.constexpr):
+def _load(ptrs, in_k, EVEN_K: tl.constexpr):
+    """The elements at ptrs; past K (a last slice that K cuts short) zeros, which add nothing to any sum."""
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=in_k, other=0.0)
+
+
+@triton.jit
+def _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
     """x[ks], or (x + residual)[ks] rounded to x's dtype, as the unfused residual add would leave it."""
-    x = tl.load(x_ptr + ks)
+    x = _load(x_ptr + ks, ks < K, EVEN_K)
     if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(residual_ptr + ks).to(tl.float32)).to(x.dtype)
+        x = (x.to(tl.float32) + _load(residual_ptr + ks, ks < K, EVEN_K).to(tl.float32)).to(x.dtype)
     return x
 
 
 @triton.jit
-def _normalise(h, inv_rms, norm_weight_ptr, ks):
+def _normalise(h, inv_rms, norm_weight_ptr, ks, K, EVEN_K: tl.constexpr):
     dtype = h.dtype
     normed = (h.to(tl.float32) * inv_rms).to(dtype).to(tl.float32)
-    return (normed * tl.load(norm_weight_ptr + ks).to(tl.float32)).to(dtype)
+    return (normed * _load(norm_weight_ptr + ks, ks < K, EVEN_K).to(tl.float32)).to(dtype)
 
 
 @triton.jit
-def _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED: tl.constexpr):
+def _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED: tl.constexpr, EVEN_K: tl.constexpr):
     """acc += W[rows, ks] @ a (and acc_up += W[rows + N, ks] @ a when GATED)."""
     a = a.to(tl.float32)[None, :]
-    acc += tl.sum(tl.load(w_rows + ks[None, :]).to(tl.float32) * a, 1)
+    in_k = (ks < K)[None, :]
+    acc += tl.sum(_load(w_rows + ks[None, :], in_k, EVEN_K).to(tl.float32) * a, 1)
     if GATED:
-        acc_up += tl.sum(tl.load(w_rows + up_offset + ks[None, :]).to(tl.float32) * a, 1)
+        acc_up += tl.sum(_load(w_rows + up_offset + ks[None, :], in_k, EVEN_K).to(tl.float32) * a, 1)
     return acc, acc_up
 
 
@@ -51,14 +60,14 @@ def _fused_linear_kernel(
     N, K, eps, stride_w,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     HAS_W_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `pid` computes output features [pid * BLOCK_N, +BLOCK_N) of the one input row.
 
-    K is a multiple of BLOCK_K (the launcher picks BLOCK_K so), so the weight stream needs no masks; features past
-    N are clamped to the last one and dropped at the store. With GATED, W holds N gate rows and then N up rows, and
-    the program reads the matching slices of both. With ONE_TILE (BLOCK_K == K) the input row is read once; else
-    the norm takes a first pass over it for the inverse RMS. Program 0 stores the new residual.
+    With EVEN_K (K a multiple of BLOCK_K) the weight stream needs no masks; else the slices are masked at K. Features
+    past N are clamped to the last one and dropped at the store. With GATED, W holds N gate rows and then N up rows,
+    and the program reads the matching slices of both. With ONE_TILE (one slice covers K) the input row is read once;
+    else the norm takes a first pass over it for the inverse RMS. Program 0 stores the new residual.
     Rounding follows the unfused kernels: the normalised row is rounded to x's dtype before and after the norm
     weight; each product is summed in fp32 and rounded to x's dtype (plus bias first) before the gate.
     """
@@ -72,32 +81,32 @@ def _fused_linear_kernel(
 
     if ONE_TILE:
         ks = tl.arange(0, BLOCK_K)
-        a = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+        a = _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL, EVEN_K)
         if NORM:
             if HAS_RESIDUAL:
                 if pid == 0:
-                    tl.store(residual_out_ptr + ks, a)
+                    tl.store(residual_out_ptr + ks, a, mask=ks < K)
             h = a.to(tl.float32)
-            a = _normalise(a, tl.rsqrt(tl.sum(h * h, 0) / K + eps), norm_weight_ptr, ks)
-        acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED)
+            a = _normalise(a, tl.rsqrt(tl.sum(h * h, 0) / K + eps), norm_weight_ptr, ks, K, EVEN_K)
+        acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED, EVEN_K)
     else:
         if NORM:  # pass 1: the row's inverse RMS
             sum_sq = tl.zeros([BLOCK_K], tl.float32)
             for k in range(0, K, BLOCK_K):
                 ks = k + tl.arange(0, BLOCK_K)
-                h = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+                h = _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL, EVEN_K)
                 if HAS_RESIDUAL:
                     if pid == 0:
-                        tl.store(residual_out_ptr + ks, h)
+                        tl.store(residual_out_ptr + ks, h, mask=ks < K)
                 h = h.to(tl.float32)
                 sum_sq += h * h
             inv_rms = tl.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         for k in range(0, K, BLOCK_K):  # pass 2: stream the weight rows once
             ks = k + tl.arange(0, BLOCK_K)
-            a = _input_slice(x_ptr, residual_ptr, ks, HAS_RESIDUAL)
+            a = _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL, EVEN_K)
             if NORM:
-                a = _normalise(a, inv_rms, norm_weight_ptr, ks)
-            acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, GATED)
+                a = _normalise(a, inv_rms, norm_weight_ptr, ks, K, EVEN_K)
+            acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED, EVEN_K)
 
     # -- epilogue
     dtype = x_ptr.dtype.element_ty
@@ -117,10 +126,12 @@ def _fused_linear_kernel(
 
 
 def _block_k(k: int, largest: int) -> int:
+    """The K slice: `largest` where it divides k, else the largest power of two that does, unless that is under a
+    quarter of `largest` (gpt-oss's 2880 features would stream in slices of 64): then `largest`, masked at k."""
     block = largest
     while k % block:
         block //= 2
-    return block
+    return block if block * 4 >= largest else min(largest, triton.next_power_of_2(k))
 
 
 def _launch_config(n: int, k: int, norm: bool, fp8: bool, device: torch.device) -> dict:
@@ -169,14 +180,13 @@ def fused_linear(
     out = torch.empty(1, n, dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty_like(x) if residual is not None else None
     config = launch_config or _launch_config(n, k, norm_weight is not None, weight_scale is not None, x.device)
-    if k % config["BLOCK_K"]:
-        raise ValueError(f"BLOCK_K {config['BLOCK_K']} does not divide K {k}")
     _fused_linear_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
         weight_scale if weight_scale is not None else x, bias if bias is not None else x, out, new_residual if new_residual is not None else out,
         n, k, eps, weight.stride(0),
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
-        HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] == k, **config,
+        HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] >= k, EVEN_K=k % config["BLOCK_K"] == 0,
+        **config,
         **dependent_launch(x.device, pdl),
     )
     return out, new_residual

@@ -28,7 +28,7 @@ def _inputs(device, dtype, n, k, variant):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k", [(200, 576), (1000, 64), (5, 123)])
+@pytest.mark.parametrize("n,k", [(200, 576), (1000, 64), (5, 123), (37, 360)])  # 360: slices masked at K
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_matches_unfused_reference(device, dtype, n, k, variant):
     x, weight, options = _inputs(device, dtype, n, k, variant)
@@ -83,7 +83,8 @@ def test_rejects_more_than_one_row(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,variant", [(4096, 1024, "add_norm"), (1024, 2048, "plain"),
                                          (3072, 1024, "add_norm_gated"), (14336, 4096, "add_norm_gated"),
-                                         (4096, 14336, "plain"), (151936, 1024, "add_norm")])
+                                         (4096, 14336, "plain"), (151936, 1024, "add_norm"),
+                                         (5120, 2880, "add_norm_bias"), (201088, 2880, "add_norm")])  # gpt-oss
 def test_realistic(device, n, k, variant):
     x, weight, options = _inputs(device, torch.bfloat16, n, k, variant)
     out, _ = fused_linear(x, weight, **options)
