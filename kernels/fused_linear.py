@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sluice.kernels.activation import silu_and_mul_ref
+from sluice.kernels.activation import act_and_mul_ref
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.rms_norm import rms_norm_ref
 
@@ -199,5 +199,5 @@ def fused_linear_ref(
         y = torch.nn.functional.linear(h.float(), weight.float()) * weight_scale
         y = (y if bias is None else y + bias.float()).to(x.dtype)
     if gated:
-        y = silu_and_mul_ref(y)
+        y = act_and_mul_ref(y, "silu")
     return y.to(out_dtype or x.dtype), new_residual

@@ -55,7 +55,7 @@ class TritonOps(TorchOps):
         if isinstance(x, UngatedRows):
             if _quantizes_in_kernels(x.gate_up, layer):
                 options = self.fp8_gemm.quantize_options(x.gate_up.shape[0])
-                return self._fp8_product(*kernels.silu_and_mul_fp8(x.gate_up, **options), x.gate_up, layer)
+                return self._fp8_product(*kernels.act_and_mul_fp8(x.gate_up, "silu", **options), x.gate_up, layer)
             x = self.silu_and_mul(x.gate_up)
         if _is_one_row(x):
             return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer), pdl=self.pdl)[0]
