@@ -1,7 +1,7 @@
 """The FP8 path's row kernels and decode attention at a model's shapes, on a CUDA GPU:
 `python -P benchmarks/fp8_kernels.py [--model Llama-3.1-8B] [--seqs 400] [--context 1000 2000]`.
 
-- The kernels that quantize activations per row (`rms_norm_fp8` with its residual add, `silu_and_mul_fp8`,
+- The kernels that quantize activations per row (`rms_norm_fp8` with its residual add, `act_and_mul_fp8`,
   `quantize_rows_fp8`) at 1 to 8,192 rows of the model's widths, each first checked bit for bit against the unfused
   kernel followed by `quantize_rows_fp8`: us and GB/s of bytes read once plus written.
 - Decode attention over an FP8 cache of 16-token blocks in shuffled order, one row a program and as the decode
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.testing
 
-from sluice.kernels import fused_add_rms_norm, paged_decode_attention, rms_norm_fp8, silu_and_mul, silu_and_mul_fp8
+from sluice.kernels import act_and_mul_fp8, fused_add_rms_norm, paged_decode_attention, rms_norm_fp8, silu_and_mul
 from sluice.kernels.fp8_quant import quantize_rows_fp8, quantize_rows_fp8_ref
 from sluice.kernels.kv_quant import KV_FP8
 from sluice.worker.loading.shapes import shape_config
@@ -45,7 +45,7 @@ def row_kernels(config: ModelConfig) -> None:
         cases = [
             ("rms_norm_fp8", lambda: rms_norm_fp8(x, residual, norm_weight, 1e-5)[:2],
              lambda: quantize_rows_fp8(fused_add_rms_norm(x, residual, norm_weight, 1e-5)[0]), rows * hidden * 7),
-            ("silu_and_mul_fp8", lambda: silu_and_mul_fp8(gate_up),
+            ("silu_and_mul_fp8", lambda: act_and_mul_fp8(gate_up, "silu"),
              lambda: quantize_rows_fp8(silu_and_mul(gate_up)), rows * inter * 5),
             ("quantize_rows_fp8", lambda: quantize_rows_fp8(x), lambda: quantize_rows_fp8_ref(x), rows * hidden * 3),
         ]

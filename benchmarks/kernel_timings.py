@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.testing
 
-from sluice.kernels import (fused_add_rms_norm, fused_add_rms_norm_ref, paged_decode_attention,
+from sluice.kernels import (act_and_mul_ref, fused_add_rms_norm, fused_add_rms_norm_ref, paged_decode_attention,
                             paged_decode_attention_ref, paged_prefill_attention, paged_prefill_attention_ref,
                             prepare_qkv, prepare_qkv_ref, reshape_and_cache, reshape_and_cache_ref, rms_norm,
-                            rotary_embedding, rotary_embedding_ref, silu_and_mul, silu_and_mul_ref)
+                            rotary_embedding, rotary_embedding_ref, silu_and_mul)
 from sluice.kernels.kv_quant import KV_FP8
 from sluice.worker.models.rope import build_cos_sin_cache
 
@@ -136,7 +136,7 @@ def check_correctness(device: str) -> list[dict]:
     check("prepare_qkv", (q, caches[0], caches[1]), (q_ref, caches[2], caches[3]))
 
     x = torch.randn(tokens, 2 * INTERMEDIATE, device=device, dtype=DTYPE)
-    check("silu_and_mul", silu_and_mul(x), silu_and_mul_ref(x))
+    check("silu_and_mul", silu_and_mul(x), act_and_mul_ref(x, "silu"))
     return rows
 
 

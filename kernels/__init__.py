@@ -10,7 +10,7 @@ fused_experts composes the last three.
 In place: reshape_and_cache, rotary_embedding, decode_step_inputs, and prepare_qkv's cache write. Everything
 else returns new tensors.
 """
-from sluice.kernels.activation import silu_and_mul, silu_and_mul_fp8, silu_and_mul_ref
+from sluice.kernels.activation import act_and_mul, act_and_mul_fp8, act_and_mul_ref, gelu_tanh_and_mul, silu_and_mul
 from sluice.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from sluice.kernels.decode_inputs import decode_step_inputs, decode_step_inputs_ref
 from sluice.kernels.fused_linear import fused_linear, fused_linear_ref
@@ -26,6 +26,9 @@ from sluice.kernels.rotary_embedding import rotary_embedding, rotary_embedding_r
 
 __all__ = [
     "ExpertBlocks",
+    "act_and_mul",
+    "act_and_mul_fp8",
+    "act_and_mul_ref",
     "decode_step_inputs",
     "decode_step_inputs_ref",
     "fused_add_rms_norm",
@@ -34,6 +37,7 @@ __all__ = [
     "fused_experts_ref",
     "fused_linear",
     "fused_linear_ref",
+    "gelu_tanh_and_mul",
     "moe_align_block_size",
     "moe_align_block_size_ref",
     "moe_down",
@@ -56,8 +60,6 @@ __all__ = [
     "rotary_embedding",
     "rotary_embedding_ref",
     "silu_and_mul",
-    "silu_and_mul_fp8",
-    "silu_and_mul_ref",
     "topk_softmax",
     "topk_softmax_ref",
 ]

@@ -51,9 +51,10 @@ def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, rows, K, stride_x, stride_o
 
 def whole_row_warps(block: int, fewest: int = 4, most: int = 32) -> int:
     """Warps for a program that holds a row of `block` elements in registers: 16 a thread, within [fewest, most]."""
-    # NOTE: H100, CUDA graphs, Llama-3.1-8B's rows, 4/8/16/32 warps: silu_and_mul_fp8 over 14,336 columns is fastest at
-    # 32 (400 rows 15.3 us against 19.9 at 4; 8,192 rows 229 against 319), quantize_rows_fp8 over 4,096 at 8 (3.1 and
-    # 35.6 us). The two-pass kernels before them, which read a row again from the L2 cache: 20.0 and 355, 3.7 and 40.0.
+    # NOTE: H100, CUDA graphs, Llama-3.1-8B's rows, 4/8/16/32 warps: act_and_mul_fp8 (silu) over 14,336 columns is
+    # fastest at 32 (400 rows 15.3 us against 19.9 at 4; 8,192 rows 229 against 319), quantize_rows_fp8 over 4,096 at
+    # 8 (3.1 and 35.6 us). The two-pass kernels before them, which read a row again from the L2 cache: 20.0 and 355,
+    # 3.7 and 40.0.
     return min(max(block // 512, fewest), most)
 
 

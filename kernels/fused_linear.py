@@ -4,8 +4,10 @@ does around the product fused in.
 At one row a linear layer is a matrix-vector product: its time is the weight's bytes, and at small models the
 launches around it (the RMSNorm before, the SiLU gate after) cost as much again. Here each program reads a slice of
 W's rows once and
-- before the product, optionally forms h = x + residual, stores it as the new residual, and RMS-normalises h;
-- after it, optionally adds a bias and, for the MLP's fused [gate | up] projection, computes silu(gate) * up.
+- before the product, optionally forms h = x + residual, stores it as the new residual, and RMS-normalises h
+  (Llama's norm or Gemma's);
+- after it, optionally adds a bias and, for the MLP's fused [gate | up] projection, computes act(gate) * up (SiLU or
+  Gemma's tanh-approximated GELU).
 FP8 (e4m3) weights are streamed as stored, half the bytes, and each output feature's sum is multiplied by its
 row's float32 scale (the input row stays in its dtype: weight-only dequantisation).
 At two rows and more, cuBLAS's tiled GEMMs reuse each weight tile across rows and win.
@@ -14,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sluice.kernels.activation import silu_and_mul_ref
+from sluice.kernels.activation import act_and_mul_ref, activate, check_activation
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
-from sluice.kernels.rms_norm import rms_norm_ref
+from sluice.kernels.rms_norm import apply_norm_weight, rms_norm_ref
 
 
 @triton.jit
@@ -37,10 +39,9 @@ def _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL: tl.constexpr, EVEN_K:
 
 
 @triton.jit
-def _normalise(h, inv_rms, norm_weight_ptr, ks, K, EVEN_K: tl.constexpr):
-    dtype = h.dtype
-    normed = (h.to(tl.float32) * inv_rms).to(dtype).to(tl.float32)
-    return (normed * _load(norm_weight_ptr + ks, ks < K, EVEN_K).to(tl.float32)).to(dtype)
+def _normalise(h, inv_rms, norm_weight_ptr, ks, K, GEMMA_NORM: tl.constexpr, EVEN_K: tl.constexpr):
+    w = _load(norm_weight_ptr + ks, ks < K, EVEN_K).to(tl.float32)
+    return apply_norm_weight(h.to(tl.float32) * inv_rms, w, h.dtype, GEMMA_NORM)
 
 
 @triton.jit
@@ -58,8 +59,8 @@ def _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED: tl.constexpr, E
 def _fused_linear_kernel(
     x_ptr, residual_ptr, norm_weight_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, residual_out_ptr,
     N, K, eps, stride_w,
-    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-    HAS_W_SCALE: tl.constexpr,
+    NORM: tl.constexpr, GEMMA_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_W_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `pid` computes output features [pid * BLOCK_N, +BLOCK_N) of the one input row.
@@ -69,7 +70,8 @@ def _fused_linear_kernel(
     and the program reads the matching slices of both. With ONE_TILE (one slice covers K) the input row is read once;
     else the norm takes a first pass over it for the inverse RMS. Program 0 stores the new residual.
     Rounding follows the unfused kernels: the normalised row is rounded to x's dtype before and after the norm
-    weight; each product is summed in fp32 and rounded to x's dtype (plus bias first) before the gate.
+    weight (with GEMMA_NORM, Gemma's, only after it); each product is summed in fp32 and rounded to x's dtype (plus
+    bias first) before the gate, whose ACTIVATION is kernels.activation's.
     """
     wait_for_inputs(PDL)
     pid = tl.program_id(0)
@@ -87,7 +89,7 @@ def _fused_linear_kernel(
                 if pid == 0:
                     tl.store(residual_out_ptr + ks, a, mask=ks < K)
             h = a.to(tl.float32)
-            a = _normalise(a, tl.rsqrt(tl.sum(h * h, 0) / K + eps), norm_weight_ptr, ks, K, EVEN_K)
+            a = _normalise(a, tl.rsqrt(tl.sum(h * h, 0) / K + eps), norm_weight_ptr, ks, K, GEMMA_NORM, EVEN_K)
         acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED, EVEN_K)
     else:
         if NORM:  # pass 1: the row's inverse RMS
@@ -105,7 +107,7 @@ def _fused_linear_kernel(
             ks = k + tl.arange(0, BLOCK_K)
             a = _input_slice(x_ptr, residual_ptr, ks, K, HAS_RESIDUAL, EVEN_K)
             if NORM:
-                a = _normalise(a, inv_rms, norm_weight_ptr, ks, K, EVEN_K)
+                a = _normalise(a, inv_rms, norm_weight_ptr, ks, K, GEMMA_NORM, EVEN_K)
             acc, acc_up = _accumulate(acc, acc_up, a, w_rows, up_offset, ks, K, GATED, EVEN_K)
 
     # -- epilogue
@@ -119,7 +121,7 @@ def _fused_linear_kernel(
     y = acc.to(dtype)
     if GATED:
         gate = y.to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        act = activate(gate, ACTIVATION).to(dtype).to(tl.float32)
         y = (act * acc_up.to(dtype).to(tl.float32)).to(dtype)
     out_cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + out_cols, y.to(out_ptr.dtype.element_ty), mask=out_cols < N)
@@ -157,14 +159,16 @@ def _launch_config(n: int, k: int, norm: bool, fp8: bool, device: torch.device) 
 def fused_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
     eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
-    weight_scale: torch.Tensor | None = None, launch_config: dict | None = None, pdl: bool = True,
+    weight_scale: torch.Tensor | None = None, gemma_norm: bool = False, activation: str = "silu",
+    launch_config: dict | None = None, pdl: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (y, new_residual) for one row x: [1, K] and weight: [N_w, K].
 
-    h = x + residual (when residual is given; new_residual = h, else None), h' = rmsnorm(h) * norm_weight (when
-    norm_weight is given, else h), y = h' @ weight.T + bias: [1, N_w], or with `gated` silu(y[:, :N]) * y[:, N:] for
-    N = N_w / 2. y is in x's dtype, converted to out_dtype when given. With weight_scale (float32 [N_w]), weight is
-    e4m3 and stands for weight * weight_scale[:, None]. Inputs are left untouched.
+    h = x + residual (when residual is given; new_residual = h, else None), h' = rms_norm(h, norm_weight, eps,
+    gemma_norm) (when norm_weight is given, else h), y = h' @ weight.T + bias: [1, N_w], or with `gated`
+    activation(y[:, :N]) * y[:, N:] for N = N_w / 2 (an activation of kernels.activation). y is in x's dtype,
+    converted to out_dtype when given. With weight_scale (float32 [N_w]), weight is e4m3 and stands for
+    weight * weight_scale[:, None]. Inputs are left untouched.
     """
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got {tuple(x.shape)}")
@@ -174,6 +178,7 @@ def fused_linear(
         raise ValueError(f"weight {weight.dtype} {tuple(weight.shape)} does not fit x {x.dtype} {tuple(x.shape)}")
     if residual is not None and (norm_weight is None or residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError("a residual needs a norm_weight and x's shape and dtype")
+    check_activation(activation)
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     x = x.contiguous()
     residual = residual.contiguous() if residual is not None else None
@@ -184,9 +189,9 @@ def fused_linear(
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight,
         weight_scale if weight_scale is not None else x, bias if bias is not None else x, out, new_residual if new_residual is not None else out,
         n, k, eps, weight.stride(0),
-        NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
-        HAS_W_SCALE=weight_scale is not None, ONE_TILE=config["BLOCK_K"] >= k, EVEN_K=k % config["BLOCK_K"] == 0,
-        **config,
+        NORM=norm_weight is not None, GEMMA_NORM=gemma_norm, HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, GATED=gated, ACTIVATION=activation, HAS_W_SCALE=weight_scale is not None,
+        ONE_TILE=config["BLOCK_K"] >= k, EVEN_K=k % config["BLOCK_K"] == 0, **config,
         **dependent_launch(x.device, pdl),
     )
     return out, new_residual
@@ -195,19 +200,19 @@ def fused_linear(
 def fused_linear_ref(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, norm_weight: torch.Tensor | None = None,
     eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False, out_dtype: torch.dtype | None = None,
-    weight_scale: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None, gemma_norm: bool = False, activation: str = "silu",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The unfused model code: residual add, RMSNorm, F.linear, silu_and_mul, each rounding to x's dtype (an FP8
+    """The unfused model code: residual add, RMSNorm, F.linear, act_and_mul, each rounding to x's dtype (an FP8
     weight's product summed in float32 and scaled before the rounding)."""
     new_residual = x + residual if residual is not None else None
     h = new_residual if residual is not None else x
     if norm_weight is not None:
-        h = rms_norm_ref(h, norm_weight, eps)
+        h = rms_norm_ref(h, norm_weight, eps, gemma_norm)
     if weight_scale is None:
         y = torch.nn.functional.linear(h, weight, bias)
     else:
         y = torch.nn.functional.linear(h.float(), weight.float()) * weight_scale
         y = (y if bias is None else y + bias.float()).to(x.dtype)
     if gated:
-        y = silu_and_mul_ref(y)
+        y = act_and_mul_ref(y, activation)
     return y.to(out_dtype or x.dtype), new_residual

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sluice.kernels.activation import silu_and_mul_ref
+from sluice.kernels.activation import act_and_mul_ref
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.fp8_quant import (FP8, quantize_row_groups_fp8, quantize_row_groups_fp8_ref, quantize_rows_fp8,
                                       quantize_rows_fp8_ref)
@@ -474,8 +474,8 @@ def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, to
     h = torch.zeros(x.shape[0] * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
     for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
         scale = None if w13_scale is None else w13_scale[expert]
-        h[pairs] = silu_and_mul_ref(_expert_linear_ref(x[pairs // top_k], w13[expert], scale, block_shape,
-                                                       absmax_bound))
+        h[pairs] = act_and_mul_ref(_expert_linear_ref(x[pairs // top_k], w13[expert], scale, block_shape,
+                                                      absmax_bound), "silu")
     return h
 
 
@@ -531,7 +531,7 @@ def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: tor
 def _gated_ref(gate_up: torch.Tensor, swiglu: tuple[float, float] | None) -> torch.Tensor:
     """silu(gate) * up, or with swiglu (alpha, limit) gpt-oss's clamped SwiGLU."""
     if swiglu is None:
-        return silu_and_mul_ref(gate_up)
+        return act_and_mul_ref(gate_up, "silu")
     alpha, limit = swiglu
     gate, up = gate_up.chunk(2, dim=-1)
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)

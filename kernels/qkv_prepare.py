@@ -1,5 +1,5 @@
-"""Attention inputs from the fused qkv projection in one launch: optional q/k RMSNorm, rotary (of each head's first
-rotary_dim dims: all, or a partial rotary's share), KV-cache write."""
+"""Attention inputs from the fused qkv projection in one launch: optional q/k RMSNorm (Llama's or Gemma's), rotary
+(of each head's first rotary_dim dims: all, or a partial rotary's share), KV-cache write."""
 import torch
 import triton
 import triton.language as tl
@@ -7,7 +7,7 @@ import triton.language as tl
 from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.kv_quant import check_cache_writable, check_kv_scales, to_cache_element
 from sluice.kernels.reshape_and_cache import reshape_and_cache_ref
-from sluice.kernels.rms_norm import NORM_DTYPES, rms_norm_ref
+from sluice.kernels.rms_norm import NORM_DTYPES, apply_norm_weight, rms_norm_ref
 from sluice.kernels.rotary_embedding import check_cos_sin_cache, rotary_embedding_ref
 
 
@@ -15,10 +15,10 @@ from sluice.kernels.rotary_embedding import check_cos_sin_cache, rotary_embeddin
 def _normed_rotated_heads(
     first_head_ptr, stride_h, weight_ptr, eps, cos, sin,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr, GEMMA_NORM: tl.constexpr,
 ):
-    """One token's [NUM_HEADS, HEAD_DIM] rows, RMS-normalised over head_dim if HAS_NORM, then rotated in their first
-    ROTARY_DIM dims.
+    """One token's [NUM_HEADS, HEAD_DIM] rows, RMS-normalised over head_dim if HAS_NORM (Gemma's norm with
+    GEMMA_NORM), then rotated in their first ROTARY_DIM dims.
 
     Every element is loaded together with its rotate-half partner (dim d < ROTARY_DIM pairs with d +- ROTARY_DIM / 2,
     a dim past them with itself), so rows stay whole and the sum of squares reduces in the same shape as
@@ -34,13 +34,13 @@ def _normed_rotated_heads(
     x = x.to(tl.float32)
     x_partner = tl.load(first_head_ptr + h * stride_h + partner, mask=mask, other=0.0).to(tl.float32)
 
-    # -- RMSNorm in fp32, rounded to the input dtype before and after the weight multiply
+    # -- RMSNorm in fp32, its weight applied as kernels.rms_norm applies it, rounded to the input dtype
     if HAS_NORM:
         inv_rms = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
         w = tl.load(weight_ptr + d, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
         w_partner = tl.load(weight_ptr + partner, mask=d < HEAD_DIM, other=0.0).to(tl.float32)
-        x = ((x * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-        x_partner = ((x_partner * inv_rms).to(dtype).to(tl.float32) * w_partner).to(dtype).to(tl.float32)
+        x = apply_norm_weight(x * inv_rms, w, dtype, GEMMA_NORM).to(tl.float32)
+        x_partner = apply_norm_weight(x_partner * inv_rms, w_partner, dtype, GEMMA_NORM).to(tl.float32)
 
     # -- rotate: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) in fp32, rounded once; the dims past them pass
     rotated_half = tl.where(d < half, -x_partner, x_partner)
@@ -56,13 +56,14 @@ def _prepare_qkv_kernel(
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
+    HAS_NORM: tl.constexpr, GEMMA_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program `token` turns its row of the fused qkv projection (q heads, k heads, v heads) into attention inputs.
 
     q and k heads get the optional RMSNorm (as kernels.rms_norm: fp32 statistics, rounded to the input dtype before
-    and after the weight multiply) and then NeoX rotary of their first ROTARY_DIM dims by the angles of
-    positions[token] (as kernels.rotary_embedding: cos_sin_cache row p holds cos then sin, fp32 math, one rounding).
+    and after the weight multiply, or with GEMMA_NORM times 1 + weight in fp32, rounded once) and then NeoX rotary of
+    their first ROTARY_DIM dims by the angles of positions[token] (as kernels.rotary_embedding: cos_sin_cache row p
+    holds cos then sin, fp32 math, one rounding).
     q goes to the contiguous q_out; k and the untouched v go to slot slot_mapping[token] of the paged caches (as
     kernels.reshape_and_cache, quantized with their scales into FP8 caches), skipped for a negative (padding) slot.
     """
@@ -81,7 +82,7 @@ def _prepare_qkv_kernel(
     # -- q
     h = tl.arange(0, BLOCK_H)[:, None]
     q = _normed_rotated_heads(row_ptr, stride_h, q_norm_weight_ptr, eps, cos, sin,
-                              NUM_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_H, BLOCK_D, HAS_NORM)
+                              NUM_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_H, BLOCK_D, HAS_NORM, GEMMA_NORM)
     tl.store(q_out_ptr + (token * NUM_HEADS + h) * HEAD_DIM + d, q, mask=(h < NUM_HEADS) & (d < HEAD_DIM))
 
     slot = tl.load(slot_mapping_ptr + token)
@@ -92,7 +93,7 @@ def _prepare_qkv_kernel(
     kv_mask = (kv_h < NUM_KV_HEADS) & (d < HEAD_DIM)
     # -- k
     k = _normed_rotated_heads(row_ptr + NUM_HEADS * stride_h, stride_h, k_norm_weight_ptr, eps, cos, sin,
-                              NUM_KV_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM)
+                              NUM_KV_HEADS, HEAD_DIM, ROTARY_DIM, BLOCK_KV_H, BLOCK_D, HAS_NORM, GEMMA_NORM)
     k = to_cache_element(k, k_scale_ptr, key_cache_ptr, KV_FP8)
     tl.store(key_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_h * stride_kch + d, k, mask=kv_mask)
     # -- v
@@ -105,13 +106,15 @@ def prepare_qkv(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, pdl: bool = True,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, gemma_norm: bool = False,
+    pdl: bool = True,
 ) -> torch.Tensor:
     """Returns a new contiguous q [num_tokens, num_heads, head_dim]; writes k and v into the caches in place.
 
     qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim], q heads then k heads then v heads (e.g. a view of the
     fused projection output; any token/head strides, head_dim contiguous); num_kv_heads is the caches' third dim.
-    q_norm_weight, k_norm_weight: [head_dim] RMSNorm weights applied per head before rotary (Qwen3), both or None.
+    q_norm_weight, k_norm_weight: [head_dim] RMSNorm weights applied per head before rotary (Qwen3), both or None;
+    gemma_norm: they are Gemma 3's, applied as rms_norm(..., gemma_norm=True) applies them.
     positions: int32/int64 [num_tokens]; cos_sin_cache: [max_position, rotary_dim] from build_cos_sin_cache, an even
     rotary_dim <= head_dim: the leading dims of each head that rotate (Phi-4-mini's partial rotary: 96 of 128);
     caches: [num_blocks, block_size, num_kv_heads, head_dim], in qkv's dtype, or FP8 (CUDA only) with the float32
@@ -166,7 +169,7 @@ def prepare_qkv(
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=cos_sin_cache.shape[1],
         BLOCK_SIZE=key_cache.shape[1],
         BLOCK_H=block_h, BLOCK_KV_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=block_d, HAS_NORM=has_norm,
-        KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device, pdl),
+        GEMMA_NORM=gemma_norm, KV_FP8=kv_fp8, num_warps=num_warps, **dependent_launch(qkv.device, pdl),
     )
     return q
 
@@ -175,13 +178,13 @@ def prepare_qkv_ref(
     qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None, eps: float,
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, gemma_norm: bool = False,
 ) -> torch.Tensor:
     """The unfused sequence in plain torch: split, rms_norm_ref, rotary_embedding_ref, reshape_and_cache_ref."""
     num_kv_heads = key_cache.shape[2]
     q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
     if q_norm_weight is not None:
-        q, k = rms_norm_ref(q, q_norm_weight, eps), rms_norm_ref(k, k_norm_weight, eps)
+        q, k = rms_norm_ref(q, q_norm_weight, eps, gemma_norm), rms_norm_ref(k, k_norm_weight, eps, gemma_norm)
     q, k = q.clone(memory_format=torch.contiguous_format), k.clone()  # rotated in place below; qkv stays untouched
     rotary_embedding_ref(positions, q, k, cos_sin_cache)
     reshape_and_cache_ref(k, v, key_cache, value_cache, slot_mapping, k_scale, v_scale)

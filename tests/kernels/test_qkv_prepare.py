@@ -15,19 +15,22 @@ MAX_POSITION = 4096
 def make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, block_size=16,
                 rotary_dim=None) -> dict:
     """prepare_qkv's arguments: qkv a view of a wider projection output (padded token and head strides), random
-    caches, and every fourth slot from the second on a padding -1; a cos/sin table of rotary_dim (None: head_dim)."""
+    caches, and every fourth slot from the second on a padding -1; a cos/sin table of rotary_dim (None: head_dim);
+    q/k norms `norm`: None, "llama" (weights near 1) or "gemma" (weights near 0: Gemma's norm multiplies by 1 + w)."""
     wide = torch.randn(num_tokens, num_heads + 2 * num_kv_heads + 1, head_dim + 8, device=device).to(dtype)
     num_blocks = num_tokens // block_size + 3
     key_cache, value_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=device).to(dtype)
     slot_mapping = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
     slot_mapping[1::4] = -1
-    norm_weights = (1 + 0.1 * torch.randn(2, head_dim, device=device)).to(dtype) if norm else (None, None)
+    norm_weights = (None, None)
+    if norm:
+        norm_weights = ((norm == "llama") + 0.1 * torch.randn(2, head_dim, device=device)).to(dtype)
     return dict(
         qkv=wide[:, 1:, :head_dim],
         positions=torch.randint(0, MAX_POSITION, (num_tokens,), device=device),
         cos_sin_cache=build_cos_sin_cache(rotary_dim or head_dim, MAX_POSITION, 10000.0, None,
                                           torch.float32).to(device),
-        q_norm_weight=norm_weights[0], k_norm_weight=norm_weights[1], eps=1e-6,
+        q_norm_weight=norm_weights[0], k_norm_weight=norm_weights[1], eps=1e-6, gemma_norm=norm == "gemma",
         key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
     )
 
@@ -37,14 +40,14 @@ def with_cache_copies(inputs: dict) -> dict:
 
 
 def unfused_kernels(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
-                    slot_mapping):
+                    slot_mapping, gemma_norm):
     """The launches prepare_qkv replaces: rms_norm of q and of k, rotary_embedding, reshape_and_cache."""
     num_kv_heads = key_cache.shape[2]
     q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
     if q_norm_weight is None:
         q, k = q.clone(), k.clone()
     else:
-        q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
+        q, k = rms_norm(q, q_norm_weight, eps, gemma_norm), rms_norm(k, k_norm_weight, eps, gemma_norm)
     rotary_embedding(positions, q, k, cos_sin_cache)
     reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
     return q
@@ -53,8 +56,9 @@ def unfused_kernels(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 5, 123])
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, norm, rotary_dim", [
-    (4, 4, 64, False, None), (6, 2, 128, True, None), (3, 1, 80, True, None),
-    (6, 2, 128, False, 96), (3, 1, 80, True, 20),  # partial rotary: Phi-4-mini's 0.75 of 128, and a quarter of 80
+    (4, 4, 64, None, None), (6, 2, 128, "llama", None), (3, 1, 80, "llama", None),
+    (6, 2, 128, None, 96), (3, 1, 80, "llama", 20),  # partial rotary: Phi-4-mini's 0.75 of 128, and a quarter of 80
+    (8, 4, 256, "gemma", None), (3, 1, 80, "gemma", None),  # Gemma 3 (4B's heads)
 ])
 def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, rotary_dim):
     inputs = make_inputs(device, dtype, num_tokens, num_heads, num_kv_heads, head_dim, norm, rotary_dim=rotary_dim)
@@ -71,7 +75,7 @@ def test_matches_ref(device, dtype, num_tokens, num_heads, num_kv_heads, head_di
 
 
 @pytest.mark.parametrize("rotary_dim", [None, 96], ids=["whole_heads", "partial_rotary"])
-@pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "no_norm"])
+@pytest.mark.parametrize("norm", ["llama", "gemma", None], ids=["qk_norm", "gemma_qk_norm", "no_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_equals_unfused_kernels(device, norm, dtype, rotary_dim):
     inputs = make_inputs(device, dtype, 5, 6, 2, 128, norm, rotary_dim=rotary_dim)
@@ -99,7 +103,7 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     (lambda args: dict(cos_sin_cache=args["cos_sin_cache"][:, :31]), "even rotary_dim"),
 ], ids=["one_norm_weight", "int32_slots", "too_few_heads", "cache_dtype", "table_wider_than_heads", "odd_table"])
 def test_rejects_bad_inputs(device, change, error):
-    inputs = make_inputs(device, torch.float32, 3, 4, 2, 64, norm=True)
+    inputs = make_inputs(device, torch.float32, 3, 4, 2, 64, norm="llama")
     with pytest.raises((ValueError, TypeError), match=error):
         prepare_qkv(**{**inputs, **change(inputs)})
 
@@ -107,7 +111,7 @@ def test_rejects_bad_inputs(device, change, error):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_cache_matches_ref(device, dtype):
-    inputs = make_inputs(device, dtype, 123, 6, 2, 128, norm=True)
+    inputs = make_inputs(device, dtype, 123, 6, 2, 128, norm="llama")
     scales = torch.tensor([1 / 128, 1 / 64], device=device)  # randn / scale reaches e4m3's 448: the tails clamp
     inputs |= dict(key_cache=inputs["key_cache"].to(KV_FP8), value_cache=inputs["value_cache"].to(KV_FP8),
                    k_scale=scales[0], v_scale=scales[1])
@@ -123,8 +127,9 @@ def test_fp8_cache_matches_ref(device, dtype):
 
 
 @pytest.mark.gpu
-def test_realistic(device):
-    inputs = make_inputs(device, torch.bfloat16, 8192, 16, 8, 128, norm=True)
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, norm", [(16, 8, 128, "llama"), (8, 4, 256, "gemma")])
+def test_realistic(device, num_heads, num_kv_heads, head_dim, norm):
+    inputs = make_inputs(device, torch.bfloat16, 8192, num_heads, num_kv_heads, head_dim, norm)
     ref_inputs, unfused_inputs = with_cache_copies(inputs), with_cache_copies(inputs)
     q = prepare_qkv(**inputs)
     torch.testing.assert_close(q, prepare_qkv_ref(**ref_inputs), **TOL[torch.bfloat16])

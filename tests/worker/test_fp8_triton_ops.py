@@ -31,9 +31,10 @@ def _dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])  # Gemma's norm and GeGLU
 @pytest.mark.parametrize("rows", [3, 400])  # 400 rows run padded to 512 on a GPU
 @pytest.mark.parametrize("absmax_bound", [None, 0.25])
-def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(device, rows, absmax_bound):
+def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(device, rows, absmax_bound, gemma):
     torch.manual_seed(0)
     gemm = fp8_gemm_for(device, quantize_rows_fp8, absmax_bound)
     assert gemm.quantize is (quantize_rows_fp8 if device.type == "cuda" else quantize_rows)
@@ -41,12 +42,14 @@ def test_mlp_rows_are_what_the_unfused_kernels_give_the_fp8_gemm(device, rows, a
     x, residual = torch.randn(2, rows, HIDDEN, device=device, dtype=_dtype(device))
     norm_weight = torch.randn(HIDDEN, device=device, dtype=_dtype(device))
     ops = TritonOps(gemm)
-    gated, new_residual = ops.norm_linear(x, residual, norm_weight, 1e-6, gate_up, gated=True)
+    activation = "gelu_tanh" if gemma else "silu"
+    gated, new_residual = ops.norm_linear(x, residual, norm_weight, 1e-6, gate_up, gated=True, gemma_norm=gemma,
+                                          activation=activation)
     assert isinstance(gated, UngatedRows) == (device.type == "cuda")
     out = ops.linear(gated, down)
-    normed, expected_residual = kernels.fused_add_rms_norm(x, residual, norm_weight, 1e-6)
-    expected = gemm(kernels.silu_and_mul(gemm(normed, gate_up.weight, gate_up.weight_scale, None)), down.weight,
-                    down.weight_scale, None)
+    normed, expected_residual = kernels.fused_add_rms_norm(x, residual, norm_weight, 1e-6, gemma)
+    expected = gemm(kernels.act_and_mul(gemm(normed, gate_up.weight, gate_up.weight_scale, None), activation),
+                    down.weight, down.weight_scale, None)
     assert torch.equal(new_residual, expected_residual)
     assert out.dtype == x.dtype and torch.equal(out, expected)
 

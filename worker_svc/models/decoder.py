@@ -18,6 +18,8 @@ from sluice.worker.ops.fp8 import FP8
 
 
 class Attention(nn.Module):
+    gemma_norm = False  # its per-head q/k norms are Gemma's (the ops' gemma_norm)
+
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int):
         super().__init__()
         self.sliding_window = config.sliding_window(layer)
@@ -53,7 +55,7 @@ class Attention(nn.Module):
         kv_scales = (self.k_scale, self.v_scale) if key_cache.dtype == FP8 else (None, None)
         # q: [num_tokens, num_heads, head_dim], normed and rotated; k and v go to the cache
         q = self.ops.prepare_qkv(self.heads(qkv), positions, cos_sin_cache, *self.qk_norms, key_cache, value_cache,
-                                 meta.slot_mapping, *kv_scales)
+                                 meta.slot_mapping, *kv_scales, gemma_norm=self.gemma_norm)
         out = self.ops.attention(q, key_cache, value_cache, meta, self.scale, *kv_scales,
                                  sliding_window=self.sliding_window, softcap=self.softcap, sinks=self.sinks)
         return self.ops.linear(out.reshape(-1, self.q_size), self.o_proj)

@@ -7,8 +7,6 @@ from the config, as it does Gemma 2's soft-capping of them); the logits are soft
 Sliding-window layers alternate with global ones as layer_types say; in Gemma 3 they rotate by a rope of their own
 (rope_local_base_freq), and q and k are normed per head.
 """
-import dataclasses
-
 import torch
 from torch import nn
 
@@ -21,44 +19,21 @@ from sluice.worker.models.tensor_parallel import RowParallelAttention, RowParall
 
 
 class GemmaRMSNorm(RMSNorm):
-    """x * (1 + weight), computed in float32 (ops.gemma_rms_norm)."""
+    """x * (1 + weight), computed in float32 and rounded once."""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual), or with residual None (norm(x), x)."""
-        residual = x if residual is None else residual + x
-        return self.ops.gemma_rms_norm(residual, self.weight, self.eps), residual
-
-    def project(self, x: torch.Tensor, residual: torch.Tensor | None,
-                linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(norm(x + residual)), x + residual)."""
-        h, residual = self(x, residual)
-        return self.ops.linear(h, linear), residual
+    gemma_norm = True
 
 
 class GemmaMLP(MLP):
     """GeGLU: down(gelu_tanh(gate) * up)."""
 
-    def forward(self, norm: GemmaRMSNorm, x: torch.Tensor,
-                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MLP of norm(x + residual), x + residual)."""
-        gate_up, residual = norm.project(x, residual, self.gate_up_proj)
-        return self.down(self.ops.gelu_tanh_and_mul(gate_up)), residual
+    activation = "gelu_tanh"
 
 
 class GemmaAttention(Attention):
-    """Gemma 3's per-head q and k norms are Gemma norms, applied before prepare_qkv (whose norms are Llama's)."""
+    """Gemma 3's per-head q and k norms are Gemma's norms (prepare_qkv applies them)."""
 
-    def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops, layer: int):
-        super().__init__(config, dataclasses.replace(traits, qk_norm=False), ops, layer)
-        self.q_norm, self.k_norm = (GemmaRMSNorm(self.head_dim, config.rms_norm_eps, ops) if traits.qk_norm else None
-                                    for _ in range(2))
-
-    def heads(self, qkv: torch.Tensor) -> torch.Tensor:
-        qkv = super().heads(qkv)
-        if self.q_norm is None:
-            return qkv
-        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-        return torch.cat([self.q_norm(q)[0], self.k_norm(k)[0], v], dim=1)
+    gemma_norm = True
 
 
 class GemmaDecoderLayer(nn.Module):

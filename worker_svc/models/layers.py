@@ -14,27 +14,32 @@ def linear_layer(config: ModelConfig, in_features: int, out_features: int, bias:
 
 
 class RMSNorm(nn.Module):
+    gemma_norm = False  # the ops' gemma_norm: Gemma's x * (1 + weight) in float32, rounded once
+
     def __init__(self, size: int, eps: float, ops):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), or with residual None (norm(x), x)."""
         if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps), x
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return self.ops.rms_norm(x, self.weight, self.eps, self.gemma_norm), x
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps, self.gemma_norm)
 
     def project(self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module, gated: bool = False,
-                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                out_dtype: torch.dtype | None = None, activation: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm(x + residual)), x + residual): the norm with the projection that reads it (residual None: x
-        alone); `gated` applies the MLP's silu(gate) * up to the projection."""
-        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear, gated, out_dtype)
+        alone); `gated` applies the MLP's activation(gate) * up to the projection."""
+        return self.ops.norm_linear(x, residual, self.weight, self.eps, linear, gated, out_dtype, self.gemma_norm,
+                                    activation)
 
 
 class MLP(nn.Module):
     """The gated MLP; the norm in front of it applies gate_up_proj and the gate (RMSNorm.project)."""
+
+    activation = "silu"  # the gate's, of kernels.activation
 
     def __init__(self, config: ModelConfig, ops):
         super().__init__()
@@ -44,7 +49,7 @@ class MLP(nn.Module):
 
     def forward(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the MLP of norm(x + residual), x + residual)."""
-        gated, residual = norm.project(x, residual, self.gate_up_proj, gated=True)
+        gated, residual = norm.project(x, residual, self.gate_up_proj, gated=True, activation=self.activation)
         return self.down(gated), residual
 
     def down(self, gated: torch.Tensor) -> torch.Tensor:

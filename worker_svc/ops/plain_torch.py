@@ -18,55 +18,56 @@ class TorchOps:
         self.fp8_gemm = fp8_gemm
 
     @staticmethod
-    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma_norm: bool = False) -> torch.Tensor:
+        """Llama's RMSNorm (rounded to x's dtype, then times weight), or with gemma_norm Gemma's: x * (1 + weight),
+        all in float32, rounded once to x's dtype."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        if gemma_norm:
+            return (x32 * (1.0 + weight.float())).to(x.dtype)
         return weight * x32.to(x.dtype)
 
-    @staticmethod
-    def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """Gemma's RMSNorm: x * (1 + weight), all in float32, rounded once to x's dtype."""
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
-
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     gemma_norm: bool = False):
         residual = residual + x
-        return self.rms_norm(residual, weight, eps), residual
+        return self.rms_norm(residual, weight, eps, gemma_norm), residual
 
     def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         if layer.weight.dtype == FP8:
             return self.fp8_gemm(x, layer.weight, layer.weight_scale, layer.bias)
         return F.linear(x, layer.weight, layer.bias)
 
-    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
-        """(linear(rmsnorm(x + residual)), x + residual), or with residual None (linear(rmsnorm(x)), x); `gated`
-        applies silu_and_mul to the projection, out_dtype converts the result."""
+    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None, gemma_norm=False,
+                    activation="silu"):
+        """(linear(rmsnorm(x + residual)), x + residual), or with residual None (linear(rmsnorm(x)), x); the norm
+        Gemma's with gemma_norm; `gated` applies act_and_mul(..., activation) to the projection, out_dtype converts
+        the result."""
         if residual is None:
-            h, residual = self.rms_norm(x, norm_weight, eps), x
+            h, residual = self.rms_norm(x, norm_weight, eps, gemma_norm), x
         else:
-            h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+            h, residual = self.add_rms_norm(x, residual, norm_weight, eps, gemma_norm)
         y = self.linear(h, layer)
         if gated:
-            y = self.silu_and_mul(y)
+            y = self.act_and_mul(y, activation)
         return (y if out_dtype is None else y.to(out_dtype)), residual
 
     def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
-                    slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
+                    slot_mapping, k_scale=None, v_scale=None, gemma_norm=False) -> torch.Tensor:
         # qkv: [num_tokens, num_heads + 2 * num_kv_heads, head_dim] -> q: [num_tokens, num_heads, head_dim]
         q, k, v = self.rotated_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
-                                   key_cache.shape[2])
+                                   key_cache.shape[2], gemma_norm)
         _store(key_cache, slot_mapping, k, k_scale)
         _store(value_cache, slot_mapping, v, v_scale)
         return q
 
     @classmethod
-    def rotated_qkv(cls, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps,
-                    num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v heads as attention takes them: q and k normed (with per-head norms) and rotated in their first
-        cos_sin_cache.shape[1] dims (all, or a partial rotary's)."""
+    def rotated_qkv(cls, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, num_kv_heads: int,
+                    gemma_norm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v heads as attention takes them: q and k normed (with per-head norms, Gemma's with gemma_norm)
+        and rotated in their first cos_sin_cache.shape[1] dims (all, or a partial rotary's)."""
         q, k, v = qkv.split([qkv.shape[1] - 2 * num_kv_heads, num_kv_heads, num_kv_heads], dim=1)
         if q_norm_weight is not None:
-            q, k = cls.rms_norm(q, q_norm_weight, eps), cls.rms_norm(k, k_norm_weight, eps)
+            q, k = cls.rms_norm(q, q_norm_weight, eps, gemma_norm), cls.rms_norm(k, k_norm_weight, eps, gemma_norm)
         cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
@@ -81,6 +82,10 @@ class TorchOps:
         """GeGLU: gelu(gate) * up, gelu's tanh approximation (transformers' gelu_pytorch_tanh)."""
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+    def act_and_mul(self, x: torch.Tensor, activation: str) -> torch.Tensor:
+        """The MLP gate of an activation of kernels.activation: silu_and_mul or gelu_tanh_and_mul."""
+        return {"silu": self.silu_and_mul, "gelu_tanh": self.gelu_tanh_and_mul}[activation](x)
 
     @staticmethod
     def route_tokens(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

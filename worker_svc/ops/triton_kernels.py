@@ -25,9 +25,10 @@ def _quantizes_in_kernels(x: torch.Tensor, layer: nn.Module) -> bool:
 
 
 class UngatedRows(NamedTuple):
-    """The MLP's [gate | up] projection rows, gated (silu(gate) * up) by the linear layer that reads them: straight
-    into its e4m3 activations when that layer is FP8."""
+    """The MLP's [gate | up] projection rows, gated (activation(gate) * up) by the linear layer that reads them:
+    straight into its e4m3 activations when that layer is FP8."""
     gate_up: torch.Tensor
+    activation: str  # of kernels.activation
 
 
 class TritonOps(TorchOps):
@@ -45,37 +46,42 @@ class TritonOps(TorchOps):
         self.pdl = dependent_launch
 
     @staticmethod
-    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return kernels.rms_norm(x, weight, eps)
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma_norm: bool = False) -> torch.Tensor:
+        return kernels.rms_norm(x, weight, eps, gemma_norm)
 
-    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-        return kernels.fused_add_rms_norm(x, residual, weight, eps)
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     gemma_norm: bool = False):
+        return kernels.fused_add_rms_norm(x, residual, weight, eps, gemma_norm)
 
     def linear(self, x: torch.Tensor | UngatedRows, layer: nn.Module) -> torch.Tensor:
         if isinstance(x, UngatedRows):
             if _quantizes_in_kernels(x.gate_up, layer):
                 options = self.fp8_gemm.quantize_options(x.gate_up.shape[0])
-                return self._fp8_product(*kernels.silu_and_mul_fp8(x.gate_up, **options), x.gate_up, layer)
-            x = self.silu_and_mul(x.gate_up)
+                gated = kernels.act_and_mul_fp8(x.gate_up, x.activation, **options)
+                return self._fp8_product(*gated, x.gate_up, layer)
+            x = self.act_and_mul(x.gate_up, x.activation)
         if _is_one_row(x):
             return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer), pdl=self.pdl)[0]
         return super().linear(x, layer)
 
-    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None):
+    def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None, gemma_norm=False,
+                    activation="silu"):
         if _is_one_row(x):
             y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
                                                    norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
-                                                   out_dtype=out_dtype, pdl=self.pdl)
+                                                   out_dtype=out_dtype, gemma_norm=gemma_norm, activation=activation,
+                                                   pdl=self.pdl)
         elif _quantizes_in_kernels(x, layer):
             options = self.fp8_gemm.quantize_options(x.shape[0])
-            values, scales, new_residual = kernels.rms_norm_fp8(x, residual, norm_weight, eps, **options)
+            values, scales, new_residual = kernels.rms_norm_fp8(x, residual, norm_weight, eps, **options,
+                                                                gemma_norm=gemma_norm)
             y = self._fp8_product(values, scales, x, layer)
             if gated:
-                y = UngatedRows(y)
+                y = UngatedRows(y, activation)
             elif out_dtype is not None:
                 y = y.to(out_dtype)
         else:
-            return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype)
+            return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype, gemma_norm, activation)
         return y, x if residual is None else new_residual
 
     def _fp8_product(self, values: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, layer: nn.Module):
@@ -84,13 +90,17 @@ class TritonOps(TorchOps):
                                      layer.weight_scale, layer.bias)
 
     def prepare_qkv(self, qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache, value_cache,
-                    slot_mapping, k_scale=None, v_scale=None) -> torch.Tensor:
+                    slot_mapping, k_scale=None, v_scale=None, gemma_norm=False) -> torch.Tensor:
         return kernels.prepare_qkv(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, key_cache,
-                                   value_cache, slot_mapping, k_scale, v_scale, pdl=self.pdl)
+                                   value_cache, slot_mapping, k_scale, v_scale, gemma_norm, pdl=self.pdl)
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(x)
+
+    @staticmethod
+    def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+        return kernels.gelu_tanh_and_mul(x)
 
     def decode_step_inputs(self, next_positions, live, block_tables, positions, slot_mapping, seq_lens,
                            block_size: int) -> None:

@@ -41,6 +41,6 @@ def with_calculated_kv_scales(model: torch.nn.Module, first_step: Callable[[], R
 def _set_kv_scales(attention: Attention, args: tuple) -> None:
     qkv, positions, cos_sin_cache = args[:3]
     _, k, v = TorchOps.rotated_qkv(attention.heads(qkv), positions, cos_sin_cache, *attention.qk_norms,
-                                   attention.num_kv_heads)
+                                   attention.num_kv_heads, attention.gemma_norm)
     for scale, x, headroom in ((attention.k_scale, k, KEY_HEADROOM), (attention.v_scale, v, VALUE_HEADROOM)):
         scale.copy_((x.abs().amax().float() * headroom / FP8_MAX).clamp_min(_MIN_SCALE))
