@@ -99,11 +99,12 @@ def test_only_decoder_projections_are_quantized():
              torch.randn(48), "layers.0.mlp.down_proj.weight": torch.randn(16, 32),
              "layers.0.input_layernorm.weight": torch.ones(16), "lm_head.weight": torch.randn(100, 16),
              "embed_tokens.weight": torch.randn(100, 16)}
+    given = dict(state)
     quantized = quantize_linear_weights(state)
     for name, rows in (("layers.0.self_attn.qkv_proj", 48), ("layers.0.mlp.down_proj", 16)):
         assert quantized[f"{name}.weight"].dtype == FP8
         assert quantized[f"{name}.weight_scale"].shape == (rows,)
     untouched = ["layers.0.self_attn.qkv_proj.bias", "layers.0.input_layernorm.weight", "lm_head.weight",
                  "embed_tokens.weight"]
-    assert all(quantized[name] is state[name] for name in untouched)
-    assert len(quantized) == len(state) + 2
+    assert all(quantized[name] is given[name] for name in untouched)
+    assert len(quantized) == len(given) + 2

@@ -67,21 +67,25 @@ def dequantize_blocks(x_q: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
 def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The worker-layout state of an unquantized checkpoint with every decoder linear layer's weight in e4m3 plus its
     per-channel weight_scale, and every layer's stacked experts (w13, w2) in e4m3 plus their per-row scales
-    (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py)."""
-    quantized = dict(state)
-    for name, tensor in state.items():
+    (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py).
+    In place, a weight at a time: each float weight is freed once quantized, so a model that fills the device in
+    bf16 (Qwen3-30B-A3B on 80 GB) quantizes there."""
+    for name in list(state):
         if name.endswith(".weight") and name.removesuffix(".weight").endswith(QUANTIZED_LINEARS):
-            quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
+            state[name], state[name.removesuffix("weight") + "weight_scale"] = quantize_rows(state[name])
         elif name.endswith(QUANTIZED_EXPERTS):
-            quantized[name], quantized[f"{name}_scale"] = _quantize_experts(tensor)
-    return quantized
+            state[name], state[f"{name}_scale"] = _quantize_experts(state[name])
+    return state
 
 
 def _quantize_experts(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 [experts, rows, columns], float32 scales [experts, rows]): each expert's rows as quantize_rows quantizes
     them, one expert at a time (a float32 copy of one expert, not of the layer's)."""
-    experts = [quantize_rows(expert) for expert in weights]
-    return torch.stack([values for values, _ in experts]), torch.stack([scales for _, scales in experts])
+    values = torch.empty(weights.shape, dtype=FP8, device=weights.device)
+    scales = torch.empty(weights.shape[:2], dtype=torch.float32, device=weights.device)
+    for expert, weight in enumerate(weights):
+        values[expert], scales[expert] = quantize_rows(weight)
+    return values, scales
 
 
 def keep_stored_precision(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
