@@ -155,17 +155,21 @@ def test_fused_experts_matches_reference(device, dtype, num_tokens, num_experts,
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [(1, 8, 2, 72, 40), (37, 8, 4, 96, 80)])
 def test_biased_experts_with_the_clamped_swiglu_match_reference(device, dtype, num_tokens, num_experts, top_k, hidden,
                                                                  intermediate):
-    """gpt-oss's experts: biases on both products, and a limit low enough that the clamp cuts gate and up."""
+    """gpt-oss's experts (_gpt_oss_options): the clamp changes the result."""
     weights, ids = _routing(num_tokens, num_experts, top_k, device)
     x = (3 * torch.randn(num_tokens, hidden, device=device)).to(dtype)
     w13, w2 = _experts(num_experts, hidden, intermediate, dtype, device)
-    w13_bias = torch.randn(num_experts, 2 * intermediate, device=device).to(dtype)
-    w2_bias = torch.randn(num_experts, hidden, device=device).to(dtype)
-    gpt_oss = dict(w13_bias=w13_bias, w2_bias=w2_bias, swiglu=(1.702, 1.5))
+    gpt_oss = _gpt_oss_options(num_experts, hidden, intermediate, dtype, device)
     out = fused_experts(x, weights, ids, w13, w2, **gpt_oss)
     torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2, **gpt_oss), **TOL[dtype])
-    assert not torch.allclose(out, fused_experts(x, weights, ids, w13, w2, w13_bias=w13_bias, w2_bias=w2_bias),
-                              **TOL[dtype])
+    biases_alone = dict(gpt_oss, swiglu=None)
+    assert not torch.allclose(out, fused_experts(x, weights, ids, w13, w2, **biases_alone), **TOL[dtype])
+
+
+def _gpt_oss_options(num_experts: int, hidden: int, intermediate: int, dtype, device) -> dict:
+    """gpt-oss's experts: biases on both products, and a limit low enough that the clamp cuts gate and up."""
+    return dict(w13_bias=torch.randn(num_experts, 2 * intermediate, device=device).to(dtype),
+                w2_bias=torch.randn(num_experts, hidden, device=device).to(dtype), swiglu=(1.702, 1.5))
 
 
 def test_experts_without_tokens(device):
@@ -299,6 +303,24 @@ def test_fp8_activations_are_clipped_at_an_absmax_bound(device):
     torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, *fp8, absmax_bound=bound),
                                **TOL[torch.float32])
     assert not torch.allclose(out, fused_experts(x, weights, ids, *fp8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [(1, 8, 2, 72, 32), (37, 16, 4, 96, 48)])
+def test_fp8_biased_experts_with_the_clamped_swiglu_match_reference(device, dtype, num_tokens, num_experts, top_k,
+                                                                     hidden, intermediate):
+    """gpt-oss's experts in FP8 (`--quantization fp8`): each bias added to its product once the row's and the
+    column's scales are applied, then the clamped SwiGLU; the result stays near the unquantized experts'."""
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, hidden, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, unquantized = _fp8_experts(num_experts, hidden, intermediate, None, device)
+    gpt_oss = _gpt_oss_options(num_experts, hidden, intermediate, dtype, device)
+    fp8 = (w13, w2, None, w13_scale, w2_scale)
+    out = fused_experts(x, weights, ids, *fp8, **gpt_oss)
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, *fp8, **gpt_oss), **TOL[dtype])
+    float_biases = {name: value.float() for name, value in gpt_oss.items() if name.endswith("bias")}
+    exact = fused_experts_ref(x.float(), weights, ids, *unquantized, **float_biases, swiglu=gpt_oss["swiglu"])
+    assert ((out.float() - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.1
 
 
 def test_rejects_fp8_experts_without_fitting_scales(device):
