@@ -337,10 +337,12 @@ def test_rejects_fp8_experts_without_fitting_scales(device):
 
 # -- the operators
 
-def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None) -> Experts:
-    """The worker's Experts module over stacked weights (and their scales)."""
-    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape)
-    layer.load_state_dict(dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales))), assign=True)
+def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None,
+                   biases: tuple[torch.Tensor, ...] = ()) -> Experts:
+    """The worker's Experts module over stacked weights (and their scales, and their biases w13_bias, w2_bias)."""
+    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape, bias=bool(biases))
+    tensors = dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales)))
+    layer.load_state_dict(tensors | dict(zip(("w13_bias", "w2_bias"), biases)), assign=True)
     return layer
 
 
@@ -372,6 +374,22 @@ def test_triton_ops_run_fp8_experts_as_the_torch_ops_do(device, block_shape):
     expert_map = torch.arange(16, dtype=torch.int32, device=device) - 4
     torch.testing.assert_close(TritonOps(gemm).fused_experts(x, weights, ids, layer, expert_map),
                                TorchOps(gemm).fused_experts(x, weights, ids, layer, expert_map), **TOL[dtype])
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_triton_ops_run_fp8_biased_experts_as_the_torch_ops_do(device, num_tokens):
+    """gpt-oss's FP8 experts (ops.biased_experts): the fused kernels give what the plain-torch operators compute,
+    each projection the FP8 GEMM's product plus its bias, then the clamped SwiGLU."""
+    gemm = fp8_gemm_for(device, quantize_rows_fp8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weights, ids = _routing(num_tokens, 8, 2, device)
+    x = torch.randn(num_tokens, 72, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(8, 72, 32, None, device)
+    gpt_oss = _gpt_oss_options(8, 72, 32, dtype, device)
+    layer = _experts_layer(w13, w2, w13_scale, w2_scale, biases=(gpt_oss["w13_bias"], gpt_oss["w2_bias"]))
+    alpha, limit = gpt_oss["swiglu"]
+    torch.testing.assert_close(TritonOps(gemm).biased_experts(x, weights, ids, layer, alpha, limit),
+                               TorchOps(gemm).biased_experts(x, weights, ids, layer, alpha, limit), **TOL[dtype])
 
 
 # -- the benchmark
