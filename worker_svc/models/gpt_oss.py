@@ -1,6 +1,8 @@
 """gpt-oss (GptOssForCausalLM): the Llama-family decoder with biased attention projections and attention sinks
 (registry traits), sliding and full layers alternating as layer_types say, YaRN rope, and in every layer a mixture
-of experts of its own: a biased router, and experts with biases and a clamped SwiGLU (ops.biased_experts)."""
+of experts of its own: a biased router, and experts with biases and a clamped SwiGLU (ops.biased_experts). In an FP8
+model the attention projections and the experts are e4m3 with a scale per row, their biases in the model dtype, as
+the other families quantize theirs; the router stays in the model dtype and the sinks in float32."""
 import torch
 from torch import nn
 
