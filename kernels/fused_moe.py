@@ -447,17 +447,21 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
 
 
 def _expert_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                       block_shape: tuple[int, int] | None, absmax_bound: float | None) -> torch.Tensor:
-    """x @ weight.T in x's dtype. An e4m3 weight's product as the dense FP8 GEMM computes it: x's rows quantized to
-    e4m3 (whole, or in groups of block_shape's columns), both operands dequantized, multiplied in float32."""
+                       block_shape: tuple[int, int] | None, absmax_bound: float | None,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias in x's dtype. An e4m3 weight's product as the dense FP8 GEMM computes it: x's rows quantized
+    to e4m3 (whole, or in groups of block_shape's columns), both operands dequantized, multiplied in float32, the bias
+    added to the scaled product before it is rounded."""
     if scale is None:
-        return torch.nn.functional.linear(x, weight)
+        return torch.nn.functional.linear(x, weight, bias)
     if block_shape is None:
         x_q, x_scale = quantize_rows_fp8_ref(x, absmax_bound=absmax_bound)
-        return ((x_q.float() @ weight.float().T) * x_scale[:, None] * scale[None, :]).to(x.dtype)
-    x_q, x_scale = quantize_row_groups_fp8_ref(x, block_shape[1], absmax_bound)
-    x_real = _dequantized_blocks(x_q, x_scale, (1, block_shape[1]))[:, :x.shape[1]]
-    return (x_real @ _dequantized_blocks(weight, scale, block_shape).T).to(x.dtype)
+        product = (x_q.float() @ weight.float().T) * x_scale[:, None] * scale[None, :]
+    else:
+        x_q, x_scale = quantize_row_groups_fp8_ref(x, block_shape[1], absmax_bound)
+        x_real = _dequantized_blocks(x_q, x_scale, (1, block_shape[1]))[:, :x.shape[1]]
+        product = x_real @ _dequantized_blocks(weight, scale, block_shape).T
+    return (product if bias is None else product + bias.float()).to(x.dtype)
 
 
 def _dequantized_blocks(values: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int]) -> torch.Tensor:
@@ -511,7 +515,8 @@ def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: tor
                       w2_bias: torch.Tensor | None = None, swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """Plain torch as Hugging Face's sparse MoE blocks compute it: one local expert at a time over its tokens, its
     output times the routing weight (in x's dtype) added into the result in x's dtype. FP8 experts' products as the
-    dense FP8 GEMM computes them (_expert_linear_ref); biases and the clamped SwiGLU as gpt-oss computes them."""
+    dense FP8 GEMM computes them (_expert_linear_ref), biases added to the (scaled) products; the clamped SwiGLU as
+    gpt-oss computes it."""
     _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     experts = topk_ids.long() if expert_map is None else expert_map.long()[topk_ids.long()]
     out = torch.zeros_like(x)
@@ -519,20 +524,25 @@ def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: tor
         tokens, slots = torch.where(experts == expert)
         if tokens.numel() == 0:
             continue
-        scales = (None, None) if w13_scale is None else (w13_scale[expert], w2_scale[expert])
-        gate_up = _expert_linear_ref(x[tokens], w13[expert], scales[0], block_shape, absmax_bound)
-        h = _gated_ref(gate_up if w13_bias is None else gate_up + w13_bias[expert], swiglu)
-        y = _expert_linear_ref(h, w2[expert], scales[1], block_shape, absmax_bound)
-        y = y if w2_bias is None else y + w2_bias[expert]
+        gate_up = _expert_linear_ref(x[tokens], w13[expert], _of(w13_scale, expert), block_shape, absmax_bound,
+                                     _of(w13_bias, expert))
+        y = _expert_linear_ref(_gated_ref(gate_up, swiglu), w2[expert], _of(w2_scale, expert), block_shape,
+                               absmax_bound, _of(w2_bias, expert))
         out.index_add_(0, tokens, y * topk_weights[tokens, slots, None].to(x.dtype))
     return out
 
 
+def _of(stacked: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    """An expert's entry of stacked scales or biases, which the experts may lack."""
+    return None if stacked is None else stacked[expert]
+
+
 def _gated_ref(gate_up: torch.Tensor, swiglu: tuple[float, float] | None) -> torch.Tensor:
-    """silu(gate) * up, or with swiglu (alpha, limit) gpt-oss's clamped SwiGLU."""
+    """silu(gate) * up, or with swiglu (alpha, limit) gpt-oss's clamped SwiGLU, computed in float32 and rounded once
+    to gate_up's dtype, as the gate/up kernel's epilogue computes it."""
     if swiglu is None:
         return act_and_mul_ref(gate_up, "silu")
     alpha, limit = swiglu
-    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate_up.float().chunk(2, dim=-1)
     gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return ((up + 1) * (gate * torch.sigmoid(gate * alpha))).to(gate_up.dtype)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sluice.v1 import generation_pb2 as pb
+from tests.worker.stepping import run_greedy
 
 MAX_NEW_TOKENS = 12
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
@@ -35,6 +36,15 @@ def assert_matches_alone_and_together(services, greedy: Callable[[list[int], int
     assert [result.token_ids for result in results] == expected
     load = services.load()
     assert load.prefix_cache_hit_rate > 0 and load.num_free_blocks == load.num_total_blocks
+
+
+def engine_greedy(engine, eos_token_id: int) -> Callable[[list[int], int], list[int]]:
+    """greedy(prompt, max_new_tokens) of the worker's engine in process (the reference of FP8 weights, which cannot
+    give Hugging Face's float tokens), cut after the first EOS as the server stops there."""
+    def greedy(prompt: list[int], max_new_tokens: int) -> list[int]:
+        tokens = run_greedy(engine, [prompt], max_new_tokens, chunk=1000)[0]
+        return tokens[:tokens.index(eos_token_id) + 1] if eos_token_id in tokens else tokens
+    return greedy
 
 
 def saved_checkpoint(folder: Path, hf_config: dict, state: dict[str, torch.Tensor]):

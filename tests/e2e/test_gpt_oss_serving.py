@@ -1,12 +1,16 @@
 """gpt-oss served through the real services (random weights, MXFP4 experts, token ids in and out), with a window
 shorter than the prompts in every other layer, sinks, biased experts and YaRN rope: Hugging Face's greedy tokens alone,
-forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2."""
+forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2; with
+`--quantization fp8` on one worker, the tokens the worker's engine generates in process in FP8."""
 from functools import partial
 
 import pytest
 
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf
+from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+                                     engine_greedy)
 from tests.e2e.services import running_services
 from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
 
@@ -35,3 +39,12 @@ def test_served_gpt_oss_matches_hf(checkpoint, tensor_parallel_size):
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
         assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
+
+
+def test_served_fp8_gpt_oss_generates_what_the_fp8_engine_does(checkpoint):
+    """The MXFP4 experts dequantized, then quantized per row with the attention projections."""
+    folder, _ = checkpoint
+    engine = WorkerEngine.load(WorkerConfig(model=str(folder), quantization="fp8"))
+    with running_services(folder, SMALL_POOL, ["--quantization", "fp8"], router_args=["--no-tokenizer"]) as services:
+        assert services.client.model_info().quantization == "fp8"
+        assert_matches_alone_and_together(services, engine_greedy(engine, TINY_GPT_OSS["eos_token_id"]), PROMPTS)

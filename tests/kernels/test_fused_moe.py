@@ -155,17 +155,21 @@ def test_fused_experts_matches_reference(device, dtype, num_tokens, num_experts,
 @pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [(1, 8, 2, 72, 40), (37, 8, 4, 96, 80)])
 def test_biased_experts_with_the_clamped_swiglu_match_reference(device, dtype, num_tokens, num_experts, top_k, hidden,
                                                                  intermediate):
-    """gpt-oss's experts: biases on both products, and a limit low enough that the clamp cuts gate and up."""
+    """gpt-oss's experts (_gpt_oss_options): the clamp changes the result."""
     weights, ids = _routing(num_tokens, num_experts, top_k, device)
     x = (3 * torch.randn(num_tokens, hidden, device=device)).to(dtype)
     w13, w2 = _experts(num_experts, hidden, intermediate, dtype, device)
-    w13_bias = torch.randn(num_experts, 2 * intermediate, device=device).to(dtype)
-    w2_bias = torch.randn(num_experts, hidden, device=device).to(dtype)
-    gpt_oss = dict(w13_bias=w13_bias, w2_bias=w2_bias, swiglu=(1.702, 1.5))
+    gpt_oss = _gpt_oss_options(num_experts, hidden, intermediate, dtype, device)
     out = fused_experts(x, weights, ids, w13, w2, **gpt_oss)
     torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2, **gpt_oss), **TOL[dtype])
-    assert not torch.allclose(out, fused_experts(x, weights, ids, w13, w2, w13_bias=w13_bias, w2_bias=w2_bias),
-                              **TOL[dtype])
+    biases_alone = dict(gpt_oss, swiglu=None)
+    assert not torch.allclose(out, fused_experts(x, weights, ids, w13, w2, **biases_alone), **TOL[dtype])
+
+
+def _gpt_oss_options(num_experts: int, hidden: int, intermediate: int, dtype, device) -> dict:
+    """gpt-oss's experts: biases on both products, and a limit low enough that the clamp cuts gate and up."""
+    return dict(w13_bias=torch.randn(num_experts, 2 * intermediate, device=device).to(dtype),
+                w2_bias=torch.randn(num_experts, hidden, device=device).to(dtype), swiglu=(1.702, 1.5))
 
 
 def test_experts_without_tokens(device):
@@ -301,6 +305,24 @@ def test_fp8_activations_are_clipped_at_an_absmax_bound(device):
     assert not torch.allclose(out, fused_experts(x, weights, ids, *fp8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden,intermediate", [(1, 8, 2, 72, 32), (37, 16, 4, 96, 48)])
+def test_fp8_biased_experts_with_the_clamped_swiglu_match_reference(device, dtype, num_tokens, num_experts, top_k,
+                                                                     hidden, intermediate):
+    """gpt-oss's experts in FP8 (`--quantization fp8`): each bias added to its product once the row's and the
+    column's scales are applied, then the clamped SwiGLU; the result stays near the unquantized experts'."""
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, hidden, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, unquantized = _fp8_experts(num_experts, hidden, intermediate, None, device)
+    gpt_oss = _gpt_oss_options(num_experts, hidden, intermediate, dtype, device)
+    fp8 = (w13, w2, None, w13_scale, w2_scale)
+    out = fused_experts(x, weights, ids, *fp8, **gpt_oss)
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, *fp8, **gpt_oss), **TOL[dtype])
+    float_biases = {name: value.float() for name, value in gpt_oss.items() if name.endswith("bias")}
+    exact = fused_experts_ref(x.float(), weights, ids, *unquantized, **float_biases, swiglu=gpt_oss["swiglu"])
+    assert ((out.float() - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.1
+
+
 def test_rejects_fp8_experts_without_fitting_scales(device):
     weights, ids = _routing(1, 8, 2, device)
     x = torch.randn(1, 64, device=device)
@@ -315,10 +337,12 @@ def test_rejects_fp8_experts_without_fitting_scales(device):
 
 # -- the operators
 
-def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None) -> Experts:
-    """The worker's Experts module over stacked weights (and their scales)."""
-    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape)
-    layer.load_state_dict(dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales))), assign=True)
+def _experts_layer(w13: torch.Tensor, w2: torch.Tensor, *scales: torch.Tensor, block_shape=None,
+                   biases: tuple[torch.Tensor, ...] = ()) -> Experts:
+    """The worker's Experts module over stacked weights (and their scales, and their biases w13_bias, w2_bias)."""
+    layer = Experts(w13.shape[0], w2.shape[2], w2.shape[1], bool(scales), block_shape, bias=bool(biases))
+    tensors = dict(zip(("w13", "w2", "w13_scale", "w2_scale"), (w13, w2, *scales)))
+    layer.load_state_dict(tensors | dict(zip(("w13_bias", "w2_bias"), biases)), assign=True)
     return layer
 
 
@@ -350,6 +374,22 @@ def test_triton_ops_run_fp8_experts_as_the_torch_ops_do(device, block_shape):
     expert_map = torch.arange(16, dtype=torch.int32, device=device) - 4
     torch.testing.assert_close(TritonOps(gemm).fused_experts(x, weights, ids, layer, expert_map),
                                TorchOps(gemm).fused_experts(x, weights, ids, layer, expert_map), **TOL[dtype])
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_triton_ops_run_fp8_biased_experts_as_the_torch_ops_do(device, num_tokens):
+    """gpt-oss's FP8 experts (ops.biased_experts): the fused kernels give what the plain-torch operators compute,
+    each projection the FP8 GEMM's product plus its bias, then the clamped SwiGLU."""
+    gemm = fp8_gemm_for(device, quantize_rows_fp8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weights, ids = _routing(num_tokens, 8, 2, device)
+    x = torch.randn(num_tokens, 72, device=device).to(dtype)
+    w13, w2, w13_scale, w2_scale, _ = _fp8_experts(8, 72, 32, None, device)
+    gpt_oss = _gpt_oss_options(8, 72, 32, dtype, device)
+    layer = _experts_layer(w13, w2, w13_scale, w2_scale, biases=(gpt_oss["w13_bias"], gpt_oss["w2_bias"]))
+    alpha, limit = gpt_oss["swiglu"]
+    torch.testing.assert_close(TritonOps(gemm).biased_experts(x, weights, ids, layer, alpha, limit),
+                               TorchOps(gemm).biased_experts(x, weights, ids, layer, alpha, limit), **TOL[dtype])
 
 
 # -- the benchmark

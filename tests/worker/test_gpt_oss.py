@@ -1,7 +1,10 @@
 """gpt-oss at a tiny size with random weights and its real options (sinks, a window shorter than the prompts in every
 other layer, biased attention and experts, the clamped SwiGLU, YaRN rope): token-identical to Hugging Face greedy, from
 the layout transformers saves and from an MXFP4 checkpoint (dequantized at load exactly as transformers dequantizes
-it), on one device and split over two ranks; refused on the Triton kernels, which lack its sinks and experts."""
+it), on one device and split over two ranks, on the torch operators and the Triton kernels; pre-quantized FP8
+checkpoints, expert parallelism and unbiased attention refused."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -31,11 +34,11 @@ PROMPTS = [[5, 17, 99, 3], [42] * 9, list(range(100, 123))]
 _PROJECTIONS = ("gate_up_proj", "down_proj")
 
 
-def gpt_oss_state(hf_config: dict = TINY_GPT_OSS) -> dict[str, torch.Tensor]:
+def gpt_oss_state(hf_config: dict = TINY_GPT_OSS, scale: float = 10) -> dict[str, torch.Tensor]:
     """Random weights scaled for lively outputs: routing far from ties, sinks that weigh in each softmax, gates and
-    ups past the SwiGLU's clamp."""
+    ups past the SwiGLU's clamp. scale: the weights' (but the norms' and the sinks'), over random_state_dict's."""
     state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=1)
-    state = {name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()}
+    state = {name: t if name.endswith("norm.weight") else t * scale for name, t in state.items()}
     generator = torch.Generator().manual_seed(2)
     for name in state:
         if name.endswith("sinks"):
@@ -149,11 +152,13 @@ def test_sharded_gpt_oss_matches_the_whole_model(checkpoints):
     run_on_ranks(_check_sharded_rank, 2, {layout: (folder, None) for layout, (folder, _) in checkpoints.items()})
 
 
-def test_fp8_expert_parallelism_and_unbiased_attention_are_refused():
+def test_fp8_checkpoints_expert_parallelism_and_unbiased_attention_are_refused():
+    """A pre-quantized FP8 checkpoint (its stacked experts' layout unread; `--quantization fp8` quantizes gpt-oss at
+    load, test_gpt_oss_fp8.py)."""
     config = ModelConfig.from_hf(TINY_GPT_OSS)
     state = to_worker_layout(gpt_oss_state(), config)
-    with pytest.raises(ValueError, match="FP8 is not implemented for GptOssForCausalLM's biased experts"):
-        ModelLoader(WorkerConfig(model="gpt-oss", quantization="fp8")).build(config, state)
+    with pytest.raises(ValueError, match="a pre-quantized FP8 checkpoint of GptOssForCausalLM is not supported"):
+        ModelLoader(WorkerConfig(model="gpt-oss")).build(dataclasses.replace(config, quantization="fp8"), state)
     with pytest.raises(ValueError, match="expert parallelism is not implemented for GptOssForCausalLM"):
         ShardLayout(config, 0, 2, expert_parallel=True)
     with pytest.raises(ValueError, match="GptOssForCausalLM: config.json sets attention_bias = False"):

@@ -57,10 +57,10 @@ class ModelLoader:
         weights.to_worker_layout). Quantization fp8 quantizes here the rank's projections and experts of an unquantized
         checkpoint, each row with its own scale; a pre-quantized checkpoint's stay as it stores them.
         draft: the config and weights of a draft model (speculative method "draft"), of the same vocabulary."""
-        fp8 = "fp8" in (self.config.quantization, model_config.quantization)
-        if fp8 and traits_for(model_config.architecture).stacked_experts:
-            raise ValueError(f"FP8 is not implemented for {model_config.architecture}'s biased experts: serve it "
-                             "unquantized")
+        if model_config.quantization == "fp8" and traits_for(model_config.architecture).stacked_experts:
+            raise ValueError(f"a pre-quantized FP8 checkpoint of {model_config.architecture} is not supported (its "
+                             "stacked experts' FP8 layout is not read): load its unquantized or MXFP4 weights with "
+                             "--quantization fp8")
         if self.config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)

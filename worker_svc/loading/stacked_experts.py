@@ -1,6 +1,6 @@
 """gpt-oss's experts as transformers stores them, stacked per layer (gate_up_proj [experts, hidden, 2 * intermediate]
 with gate and up columns interleaved, gate_up_proj_bias, down_proj [experts, intermediate, hidden], down_proj_bias)
-behind a biased router, put in the worker's layout (models/gpt_oss.py's BiasedExperts)."""
+behind a biased router, put in the worker's layout (models/moe.py's Experts, with biases)."""
 import torch
 
 from sluice.worker.models.config import ModelConfig

@@ -1,27 +1,17 @@
 """gpt-oss (GptOssForCausalLM): the Llama-family decoder with biased attention projections and attention sinks
 (registry traits), sliding and full layers alternating as layer_types say, YaRN rope, and in every layer a mixture
-of experts of its own: a biased router, and experts with biases and a clamped SwiGLU (ops/biased_experts.py)."""
+of experts of its own: a biased router, and experts with biases and a clamped SwiGLU (ops.biased_experts). In an FP8
+model the attention projections and the experts are e4m3 with a scale per row, their biases in the model dtype, as
+the other families quantize theirs; the router stays in the model dtype and the sinks in float32."""
 import torch
 from torch import nn
 
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.models.layers import RMSNorm
+from sluice.worker.models.moe import Experts
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 from sluice.worker.parallel.group import TensorParallelGroup
-
-
-class BiasedExperts(nn.Module):
-    """The layer's experts, stacked: w13 [num_experts, 2 * intermediate, hidden], each expert's gate rows then its up
-    rows, with w13_bias [num_experts, 2 * intermediate]; w2 [num_experts, hidden, intermediate] with w2_bias
-    [num_experts, hidden]."""
-
-    def __init__(self, num_experts: int, intermediate_size: int, hidden_size: int):
-        super().__init__()
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
-        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
 
 
 class GptOssMoeBlock(nn.Module):
@@ -32,7 +22,8 @@ class GptOssMoeBlock(nn.Module):
         moe = config.moe
         self.top_k, self.activation = moe.top_k, moe.clamped_swiglu
         self.router = nn.Linear(config.hidden_size, moe.num_experts, bias=True)
-        self.experts = BiasedExperts(moe.num_experts, moe.intermediate_size, config.hidden_size)
+        self.experts = Experts(moe.num_experts, moe.intermediate_size, config.hidden_size,
+                               config.quantization == "fp8", bias=True)
         self.ops = ops
 
     def forward(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,9 +31,8 @@ class GptOssMoeBlock(nn.Module):
         h, residual = norm(x, residual)  # h: [num_tokens, hidden]
         # the softmax of the top-k logits: the top k of the softmax over all experts, renormalized
         weights, expert_ids = self.ops.route_tokens(self.ops.linear(h, self.router), self.top_k, renormalize=True)
-        experts = self.experts
-        out = self.ops.biased_experts(h, weights, expert_ids, experts.w13, experts.w13_bias, experts.w2,
-                                      experts.w2_bias, self.activation.alpha, self.activation.limit)
+        out = self.ops.biased_experts(h, weights, expert_ids, self.experts, self.activation.alpha,
+                                      self.activation.limit)
         return self.reduce(out), residual
 
     def reduce(self, out: torch.Tensor) -> torch.Tensor:

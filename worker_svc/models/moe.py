@@ -19,10 +19,12 @@ class Experts(nn.Module):
     then its up rows, and w2 [num_experts, hidden, intermediate], its down projection. Quantized: both e4m3 with
     float32 scales, w13_scale [num_experts, 2 * intermediate] and w2_scale [num_experts, hidden], one a row, or with
     block_shape (rows, columns) one a block, w13_scale [num_experts, 2 * intermediate / rows, ceil(hidden / columns)]
-    and w2_scale [num_experts, ceil(hidden / rows), ceil(intermediate / columns)]; else the scales are None."""
+    and w2_scale [num_experts, ceil(hidden / rows), ceil(intermediate / columns)]; else the scales are None. Biased
+    (gpt-oss): w13_bias [num_experts, 2 * intermediate] and w2_bias [num_experts, hidden] in the model dtype, added to
+    the (scaled) products; else the biases are None."""
 
     def __init__(self, num_experts: int, intermediate_size: int, hidden_size: int, quantized: bool = False,
-                 block_shape: tuple[int, int] | None = None):
+                 block_shape: tuple[int, int] | None = None, bias: bool = False):
         super().__init__()
         dtype = FP8 if quantized else None
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
@@ -32,6 +34,8 @@ class Experts(nn.Module):
         self.block_shape = block_shape if quantized else None
         self.w13_scale = _scales(self.w13, self.block_shape) if quantized else None
         self.w2_scale = _scales(self.w2, self.block_shape) if quantized else None
+        self.w13_bias = _biases(self.w13) if bias else None
+        self.w2_bias = _biases(self.w2) if bias else None
 
 
 def _scales(weight: nn.Parameter, block_shape: tuple[int, int] | None) -> nn.Parameter:
@@ -39,6 +43,10 @@ def _scales(weight: nn.Parameter, block_shape: tuple[int, int] | None) -> nn.Par
     shape = (num_experts, rows) if block_shape is None else \
         (num_experts, -(-rows // block_shape[0]), -(-columns // block_shape[1]))
     return nn.Parameter(torch.empty(shape, dtype=torch.float32), requires_grad=False)
+
+
+def _biases(weight: nn.Parameter) -> nn.Parameter:
+    return nn.Parameter(torch.empty(weight.shape[:2]), requires_grad=False)
 
 
 def keep_stored_expert_precision(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -49,7 +57,8 @@ def keep_stored_expert_precision(model: nn.Module, state: dict[str, torch.Tensor
         if isinstance(module, Experts) and module.w13_scale is not None and state[f"{name}.w13"].dtype != FP8:
             num_experts, hidden_size, intermediate_size = module.w2.shape
             with module.w13.device:
-                model.set_submodule(name, Experts(num_experts, intermediate_size, hidden_size))
+                model.set_submodule(name, Experts(num_experts, intermediate_size, hidden_size,
+                                                  bias=module.w13_bias is not None))
 
 
 class SparseMoeBlock(nn.Module):

@@ -1,10 +1,12 @@
 """The operators in plain torch (TorchOps), aligned with transformers: the CPU path."""
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
-from sluice.worker.ops.biased_experts import biased_experts
 from sluice.worker.ops.fp8 import FP8, to_fp8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
 
@@ -97,34 +99,54 @@ class TorchOps:
             weights /= weights.sum(dim=-1, keepdim=True)
         return weights, expert_ids.to(torch.int32)
 
+    @staticmethod
+    def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+        """gpt-oss's experts' activation: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+        limit); gate_up: [..., 2 * intermediate], the gate's columns then the up's."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
     def fused_experts(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts: nn.Module,
                       expert_map: torch.Tensor | None = None) -> torch.Tensor:
         """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e (experts.w13[i] and w2[i], i its
         local index: expert_map[e], or e without a map) computes down(silu(gate(x)) * up(x)); a pair whose expert maps
         to -1 (another rank holds it) adds nothing. Expert by expert, as transformers computes it; FP8 experts
         (models/moe.py) as the FP8 GEMMs compute a linear layer's product."""
-        out = torch.zeros_like(x)
         local = expert_ids.long() if expert_map is None else expert_map[expert_ids.long()].long()
-        weights = weights.to(x.dtype)
+        return self._expert_sum(x, weights.to(x.dtype), local, experts, TorchOps.silu_and_mul)
+
+    def biased_experts(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor, experts: nn.Module,
+                       alpha: float, limit: float) -> torch.Tensor:
+        """gpt-oss's experts, as transformers computes them: expert e computes
+        w2[e] @ clamped_swiglu(w13[e] @ x + w13_bias[e]) + w2_bias[e], times its float32 routing weight; FP8 experts
+        as fused_experts computes them, each bias added to the scaled product."""
+        return self._expert_sum(x, weights, expert_ids.long(), experts,
+                                partial(TorchOps.clamped_swiglu, alpha=alpha, limit=limit))
+
+    def _expert_sum(self, x: torch.Tensor, weights: torch.Tensor, local: torch.Tensor, experts: nn.Module,
+                    gated: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """sum over k of weights[t, k] * w2[e] @ gated(w13[e] @ x[t]) (with the experts' biases, where they have
+        them), e = local[t, k] (-1: no local expert, nothing added), rounded to x's dtype expert by expert."""
+        out = torch.zeros_like(x)
         for expert in torch.unique(local[local >= 0]).tolist():
             token, slot = torch.where(local == expert)
-            w13_scale, w2_scale = (None, None) if experts.w13_scale is None else \
-                (experts.w13_scale[expert], experts.w2_scale[expert])
-            gate, up = self._expert_product(x[token], experts.w13[expert], w13_scale, experts.block_shape).chunk(2, -1)
-            down = self._expert_product(F.silu(gate) * up, experts.w2[expert], w2_scale, experts.block_shape)
-            out.index_add_(0, token, down * weights[token, slot, None])
+            gate_up = self._expert_product(x[token], experts.w13[expert], _of(experts.w13_scale, expert),
+                                           _of(experts.w13_bias, expert), experts.block_shape)
+            down = self._expert_product(gated(gate_up), experts.w2[expert], _of(experts.w2_scale, expert),
+                                        _of(experts.w2_bias, expert), experts.block_shape)
+            out.index_add_(0, token, (down * weights[token, slot, None]).to(x.dtype))
         return out
 
     def _expert_product(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
-                        block_shape: tuple[int, int] | None) -> torch.Tensor:
-        """x @ weight.T for one expert's projection, an e4m3 one with its scale per row or per block."""
+                        bias: torch.Tensor | None, block_shape: tuple[int, int] | None) -> torch.Tensor:
+        """x @ weight.T + bias for one expert's projection, an e4m3 one with its scale per row or per block."""
         if scale is None:
-            return F.linear(x, weight)
+            return F.linear(x, weight, bias)
         if block_shape is None:
-            return self.fp8_gemm(x, weight, scale, None)
-        return emulated_block_fp8_linear(x, weight, scale, block_shape, self.fp8_gemm.absmax_bound)
-
-    biased_experts = staticmethod(biased_experts)  # gpt-oss's experts: biases and a clamped SwiGLU
+            return self.fp8_gemm(x, weight, scale, bias)
+        product = emulated_block_fp8_linear(x, weight, scale, block_shape, self.fp8_gemm.absmax_bound)
+        return product if bias is None else product + bias
 
     @staticmethod
     def decode_step_inputs(next_positions, live, block_tables, positions, slot_mapping, seq_lens,
@@ -187,6 +209,12 @@ def _explicit_attention(q, k, v, mask, scale: float, softcap: float, sinks: torc
     if sinks is not None:
         probs = probs[..., :-1]
     return torch.matmul(probs, v)
+
+
+def _of(stacked: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    """An expert's entry of a stacked tensor the experts may lack (scales, biases)."""
+    return None if stacked is None else stacked[expert]
+
 
 def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None) -> None:
     """x's rows into the cache's slots, quantized for an FP8 cache (index_put_: the CPU has no FP8 index_copy_)."""

@@ -118,16 +118,20 @@ class TritonOps(TorchOps):
         (SiLU-and-mul fused) and the down GEMM (routing weight fused), one launch each for all experts. FP8 experts'
         activations are quantized per token (in groups of a block's columns for block-wise ones) under the FP8 GEMM's
         absmax bound."""
+        return self._experts(x, topk_weights, topk_ids, experts, expert_map)
+
+    def biased_experts(self, x, topk_weights, topk_ids, experts: nn.Module, alpha: float,
+                       limit: float) -> torch.Tensor:
+        """gpt-oss's experts in the two fused MoE launches: biases added in each GEMM's epilogue (after an FP8
+        product's scales), the clamped SwiGLU for the SiLU-and-mul."""
+        return self._experts(x, topk_weights, topk_ids, experts, swiglu=(alpha, limit))
+
+    def _experts(self, x, topk_weights, topk_ids, experts: nn.Module, expert_map: torch.Tensor | None = None,
+                 swiglu: tuple[float, float] | None = None) -> torch.Tensor:
         return kernels.fused_experts(x, topk_weights, topk_ids, experts.w13, experts.w2, expert_map,
                                      experts.w13_scale, experts.w2_scale, experts.block_shape,
-                                     self.fp8_gemm.absmax_bound, pdl=self.pdl)
-
-    def biased_experts(self, x, topk_weights, topk_ids, w13, w13_bias, w2, w2_bias, alpha: float,
-                       limit: float) -> torch.Tensor:
-        """gpt-oss's experts in the two fused MoE launches: biases added in each GEMM's epilogue, the clamped SwiGLU
-        for the SiLU-and-mul."""
-        return kernels.fused_experts(x, topk_weights, topk_ids, w13, w2, w13_bias=w13_bias, w2_bias=w2_bias,
-                                     swiglu=(alpha, limit), pdl=self.pdl)
+                                     self.fp8_gemm.absmax_bound, pdl=self.pdl, w13_bias=experts.w13_bias,
+                                     w2_bias=experts.w2_bias, swiglu=swiglu)
 
     def attention(self, q, key_cache, value_cache, meta: AttentionMetadata, scale: float, k_scale=None, v_scale=None,
                   out=None, sliding_window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
