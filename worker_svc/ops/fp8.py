@@ -70,6 +70,8 @@ def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py)."""
     quantized = dict(state)
     for name, tensor in state.items():
+        if not name.startswith("layers."):  # the embedding, the LM head, a vision tower
+            continue
         if name.endswith(".weight") and name.removesuffix(".weight").endswith(QUANTIZED_LINEARS):
             quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = quantize_rows(tensor)
         elif name.endswith(QUANTIZED_EXPERTS):
