@@ -1,7 +1,7 @@
 """Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration (the same weights, read from the folder
 transformers saves): prompts with 0, 1 and 2 images prefilled with their image embeddings at the placeholders, greedy
-decoding after them at the prompt's position delta, text prompts through the engine's step path; checkpoint names
-either way; random weights of the published shapes."""
+decoding after them at the prompt's position delta, text prompts through the engine's step path; tensor-parallel
+ranks against the whole model; checkpoint names either way; random weights of the published shapes."""
 import pytest
 import torch
 from safetensors import safe_open
@@ -21,6 +21,7 @@ from sluice.worker.models.registry import traits_for
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.runner.kv_cache import allocate_kv_cache
+from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import BLOCK_SIZE, run_greedy
 from tests.worker.tiny_qwen2_5_vl import GRIDS, IMAGE_TOKEN, TINY_QWEN2_5_VL, hf_model, images, prompt
 
@@ -47,9 +48,10 @@ def _chunk(first: int, count: int) -> AttentionMetadata:
                              token_query_pos=torch.arange(count), max_query_len=count, max_seq_len=first + count)
 
 
-def _greedy(model: QwenVisionLanguageLM, ids: list[int], grids: list, max_new_tokens: int) -> tuple[torch.Tensor, list]:
-    """(the prompt's logits, its greedy continuation): the prompt prefilled with its images, then one token a step
-    at its index plus the prompt's delta."""
+def _logits(model: QwenVisionLanguageLM, ids: list[int], grids: list,
+            continuation: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the prompt's logits, the continuation's): the prompt prefilled with its images, then the continuation one
+    token a step (decoding), each at its index plus the prompt's delta."""
     config = model.config
     kv_caches = allocate_kv_cache(config, 8, BLOCK_SIZE, torch.float32, torch.device("cpu"))
     cos_sin_cache = model.cos_sin_cache(8 * BLOCK_SIZE)
@@ -58,12 +60,9 @@ def _greedy(model: QwenVisionLanguageLM, ids: list[int], grids: list, max_new_to
         embeddings = model.image_embeddings(*images(grids)) if grids else torch.zeros(0, config.hidden_size)
         logits = model.logits(*model.multimodal_hidden_states(torch.tensor(ids), positions, embeddings,
                                                               cos_sin_cache, kv_caches, _chunk(0, len(ids)), None))
-        tokens = [int(logits[-1].argmax())]
-        for index in range(len(ids), len(ids) + max_new_tokens - 1):
-            step = model(torch.tensor(tokens[-1:]), torch.tensor([index + delta]), cos_sin_cache, kv_caches,
-                         _chunk(index, 1), None)
-            tokens.append(int(step[-1].argmax()))
-    return logits, tokens
+        decoded = [model(torch.tensor([token]), torch.tensor([index + delta]), cos_sin_cache, kv_caches,
+                         _chunk(index, 1), None) for index, token in enumerate(continuation, start=len(ids))]
+    return logits, torch.cat(decoded) if decoded else logits[:0]
 
 
 def _hf_inputs(ids: list[int], grids: list) -> dict:
@@ -80,13 +79,14 @@ def test_prompt_logits_and_greedy_decoding_match_transformers(checkpoint, grids)
     hf, folder = checkpoint
     loaded = ModelLoader(WORKER_CONFIG).build(*load_checkpoint(folder))
     ids = prompt(grids, TEXT)
-    logits, tokens = _greedy(loaded.model, ids, grids, max_new_tokens=8)
     inputs = _hf_inputs(ids, grids)
     with torch.inference_mode():
         expected_logits = hf(**inputs).logits[0]
-        expected = hf.generate(**inputs, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+        expected = hf.generate(**inputs, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(ids):].tolist()
+    logits, decoded = _logits(loaded.model, ids, grids, expected[:-1])
     torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-4)
-    assert tokens == expected[0, len(ids):].tolist()
+    assert [int(logits[-1].argmax()), *decoded.argmax(-1).tolist()] == expected  # greedy at every step
 
 
 def test_text_prompts_through_the_engine_match_transformers_generate(checkpoint):
@@ -138,5 +138,28 @@ def test_fp8_at_load_quantizes_the_language_model_only(checkpoint):
     model = ModelLoader(WorkerConfig(model="tiny-qwen2.5-vl", quantization="fp8")).build(*load_checkpoint(folder)).model
     assert model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float8_e4m3fn
     assert model.visual.blocks[0].mlp.down_proj.weight.dtype == torch.float32
-    _, tokens = _greedy(model, prompt(GRIDS[:1], TEXT), GRIDS[:1], max_new_tokens=2)
-    assert len(tokens) == 2
+    _, decoded = _logits(model, prompt(GRIDS[:1], TEXT), GRIDS[:1], [5, 6])
+    assert decoded.shape == (2, 256) and decoded.isfinite().all()
+
+
+def _check_rank(group, folder) -> None:
+    """The rank's part of the language model and the whole tower: the driver's logits are the whole model's."""
+    whole = ModelLoader(WORKER_CONFIG).build(*load_checkpoint(folder))
+    sharded = ModelLoader(WORKER_CONFIG, group).build(*load_checkpoint(folder, group.rank, group.world_size))
+    assert sharded.model.layers[0].self_attn.num_heads == 2
+    tower_gates = [loaded.model.visual.blocks[0].mlp.gate_proj.weight for loaded in (whole, sharded)]
+    assert torch.equal(*tower_gates)  # the tower whole, though its MLP's names are the decoder's
+    ids = prompt(GRIDS[1:3], TEXT)
+    expected = _logits(whole.model, ids, GRIDS[1:3], [5, 6, 7])
+    got = _logits(sharded.model, ids, GRIDS[1:3], [5, 6, 7])
+    if group.is_driver:
+        for logits, expected_logits in zip(got, expected):
+            torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-4)
+    prompts = [TEXT, list(range(100, 123))]
+    greedy = run_greedy(WorkerEngine(WORKER_CONFIG, sharded, group), prompts, 6, chunk=5)
+    assert greedy == (run_greedy(WorkerEngine(WORKER_CONFIG, whole), prompts, 6, chunk=5) if group.is_driver
+                      else [[]] * len(prompts))
+
+
+def test_tensor_parallel_ranks_match_the_whole_model(checkpoint):
+    run_on_ranks(_check_rank, 2, checkpoint[1])
