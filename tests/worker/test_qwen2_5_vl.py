@@ -74,10 +74,13 @@ def _hf_inputs(ids: list[int], grids: list) -> dict:
             "mm_token_type_ids": (input_ids == IMAGE_TOKEN).int()}
 
 
-@pytest.mark.parametrize("grids", [[], GRIDS[:1], GRIDS[1:3]], ids=["text", "one image", "two images"])
-def test_prompt_logits_and_greedy_decoding_match_transformers(checkpoint, grids):
+@pytest.mark.parametrize("grids, kernels", [([], "torch"), (GRIDS[:1], "torch"), (GRIDS[1:3], "torch"),
+                                            (GRIDS[1:3], "triton")],
+                         ids=["text", "one image", "two images", "two images, Triton"])
+def test_prompt_logits_and_greedy_decoding_match_transformers(checkpoint, grids, kernels):
+    """The Triton kernels (interpreted on the CPU) read the step's own cos/sin rows as they read the rope table."""
     hf, folder = checkpoint
-    loaded = ModelLoader(WORKER_CONFIG).build(*load_checkpoint(folder))
+    loaded = ModelLoader(WorkerConfig(model="tiny-qwen2.5-vl", kernels=kernels)).build(*load_checkpoint(folder))
     ids = prompt(grids, TEXT)
     inputs = _hf_inputs(ids, grids)
     with torch.inference_mode():
