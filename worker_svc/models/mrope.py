@@ -7,7 +7,7 @@ import torch
 
 from sluice.worker.models.rope import sectioned_cos_sin
 
-_TEXT = 3  # a text token's rows: its temporal, height and width positions, all equal
+_ROWS = 3  # a token's temporal, height and width positions
 
 
 def mrope_positions(input_ids: list[int] | torch.Tensor, image_grid_thw: torch.Tensor, image_token_id: int,
@@ -45,7 +45,7 @@ def _placeholder_run(placeholders: list[int], first: int, length: int) -> int:
 
 
 def _text_positions(length: int, first: int) -> torch.Tensor:
-    return torch.arange(first, first + length).expand(_TEXT, -1)
+    return torch.arange(first, first + length).expand(_ROWS, -1)
 
 
 def _grid_positions(frames: int, rows: int, columns: int) -> torch.Tensor:

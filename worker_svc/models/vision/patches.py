@@ -21,8 +21,9 @@ class PatchLayout:
     positions: torch.Tensor  # [2, num_patches] int64: each patch's row and column in its image, in window order
 
     def to(self, device: torch.device) -> "PatchLayout":
-        return PatchLayout(*(tensor.to(device) for tensor in (self.window_order, self.window_bounds,
-                                                               self.frame_bounds, self.positions)))
+        """The layout with its order and positions on the device; the bounds, which attention splits by, stay."""
+        return PatchLayout(self.window_order.to(device), self.window_bounds, self.frame_bounds,
+                           self.positions.to(device))
 
 
 def patch_layout(image_grid_thw: torch.Tensor, spatial_merge_size: int, window_units: int) -> PatchLayout:

@@ -8,7 +8,7 @@ from sluice.worker.models.layers import RMSNorm
 from sluice.worker.models.rope import build_cos_sin_cache, sectioned_cos_sin
 from sluice.worker.models.vision.blocks import NORM_EPS, VisionBlock
 from sluice.worker.models.vision.config import VisionConfig
-from sluice.worker.models.vision.patches import PatchLayout, patch_layout
+from sluice.worker.models.vision.patches import patch_layout
 
 
 class PatchEmbedding(nn.Module):
@@ -56,23 +56,20 @@ class VisionTransformer(nn.Module):
         """Image embeddings [num_units, out_hidden_size], the images' in order (each image's t * h * w /
         spatial_merge_size ** 2), from pixel_values [num_patches, patch_dim] as the image processor lays them out
         and image_grid_thw [num_images, 3], each image's frames, rows and columns of patches."""
-        config = self.config
-        layout = patch_layout(image_grid_thw.cpu(), config.spatial_merge_size, config.window_units)
-        layout = layout.to(pixel_values.device)
+        config, image_grid_thw = self.config, image_grid_thw.cpu()
+        layout = patch_layout(image_grid_thw, config.spatial_merge_size, config.window_units).to(pixel_values.device)
         x = self.patch_embed(pixel_values)  # [num_patches, hidden]
         x = x.view(-1, config.merge_unit, x.shape[-1])[layout.window_order].flatten(0, 1)
-        cos_sin = self._rotary_rows(layout)
+        cos_sin = self._rotary_rows(layout.positions, int(image_grid_thw[:, 1:].max()))
         for index, block in enumerate(self.blocks):
             full = index in config.full_attention_blocks
             x = block(x, cos_sin, layout.frame_bounds if full else layout.window_bounds)
         return self.merger(x)[torch.argsort(layout.window_order)]
 
-    def _rotary_rows(self, layout: PatchLayout) -> torch.Tensor:
-        """[num_patches, head_dim] cos/sin rows: a rope of head_dim / 2 dims, its frequencies once at the patch's row
-        and once at its column."""
-        quarter = self.config.head_dim // 4
-        device = layout.positions.device
-        table = build_cos_sin_cache(2 * quarter, int(layout.positions.max()) + 1, self.config.rope_theta, None,
-                                    torch.float32).to(device)
+    def _rotary_rows(self, positions: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """[num_patches, head_dim] cos/sin rows of the patches at positions [2, num_patches] (rows and columns below
+        num_positions): a rope of head_dim / 2 dims, its frequencies once at the patch's row and once at its column."""
+        quarter, device = self.config.head_dim // 4, positions.device
+        table = build_cos_sin_cache(2 * quarter, num_positions, self.config.rope_theta, None, torch.float32)
         sections = torch.arange(2, device=device).repeat_interleave(quarter)
-        return sectioned_cos_sin(table, layout.positions, sections, torch.arange(quarter, device=device).repeat(2))
+        return sectioned_cos_sin(table.to(device), positions, sections, torch.arange(quarter, device=device).repeat(2))
