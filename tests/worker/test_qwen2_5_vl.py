@@ -15,7 +15,6 @@ from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.shapes import shape_config
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
-from sluice.worker.models.mrope import mrope_positions
 from sluice.worker.models.qwen2_5_vl import QwenVisionLanguageLM
 from sluice.worker.models.registry import traits_for
 from sluice.worker.ops.attention_metadata import AttentionMetadata
@@ -55,7 +54,7 @@ def _logits(model: QwenVisionLanguageLM, ids: list[int], grids: list,
     config = model.config
     kv_caches = allocate_kv_cache(config, 8, BLOCK_SIZE, torch.float32, torch.device("cpu"))
     cos_sin_cache = model.cos_sin_cache(8 * BLOCK_SIZE)
-    positions, delta = mrope_positions(ids, torch.tensor(grids).view(-1, 3), IMAGE_TOKEN, spatial_merge_size=2)
+    positions, delta = model.prompt_positions(ids, torch.tensor(grids).view(-1, 3))
     with torch.inference_mode():
         embeddings = model.image_embeddings(*images(grids)) if grids else torch.zeros(0, config.hidden_size)
         logits = model.logits(*model.multimodal_hidden_states(torch.tensor(ids), positions, embeddings,

@@ -11,7 +11,7 @@ import torch
 
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
-from sluice.worker.models.mrope import mrope_cos_sin
+from sluice.worker.models.mrope import mrope_cos_sin, mrope_positions
 from sluice.worker.models.registry import ArchitectureTraits
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 from sluice.worker.models.vision.tower import VisionTransformer
@@ -22,6 +22,13 @@ class QwenVisionLanguageLM(DecoderLM):
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
         super().__init__(config, traits, ops)
         self.visual = VisionTransformer(config.vision, ops)
+
+    def prompt_positions(self, prompt_token_ids: list[int] | torch.Tensor,
+                         image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(int64 positions [3, num_prompt_tokens], delta): the prompt's M-RoPE positions, its images' placeholders
+        at their grids' cells, and the shift of the positions of the tokens after it (mrope.mrope_positions)."""
+        vision = self.config.vision
+        return mrope_positions(prompt_token_ids, image_grid_thw, vision.image_token_id, vision.spatial_merge_size)
 
     def image_embeddings(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
         """[num_placeholders, hidden]: the embeddings of the images' placeholder tokens, image by image (t * h * w /
