@@ -6,7 +6,8 @@ import re
 import pytest
 import torch
 from transformers import AutoConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.loading.dummy_weights import random_state_dict
@@ -14,24 +15,33 @@ from sluice.worker.loading.model_loader import ModelLoader
 from sluice.worker.loading.shapes import shape_config
 from sluice.worker.loading.weights import to_worker_layout
 from sluice.worker.models.config import ModelConfig
-from sluice.worker.models.config_fields import HONOURED, NO_EFFECT, REQUIRED
+from sluice.worker.models.config_fields import (HONOURED, NO_EFFECT, REQUIRED, VISION_HONOURED, VISION_NO_EFFECT,
+                                                VISION_REQUIRED)
 from sluice.worker.models.registry import ARCHITECTURES
 from tests.worker.test_gemma_families import gemma_config
 from tests.worker.test_model_families import _TINY, FAMILIES
 from tests.worker.test_phi3_family import TINY_PHI3
+from tests.worker.tiny_qwen2_5_vl import TINY_QWEN2_5_VL
 
-MODEL_TYPES = {architecture: model_type for model_type, architecture in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+MODEL_TYPES = {architecture: model_type for mapping in (MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+                                                        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+               for model_type, architecture in mapping.items()}
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
 def test_every_field_of_a_supported_architecture_is_accounted_for(architecture):
-    fields = set(AutoConfig.for_model(MODEL_TYPES[architecture]).to_dict())
-    assert fields - HONOURED - NO_EFFECT - set(REQUIRED) == set()
+    """A vision-language config's top-level and text_config fields as a decoder's, its vision_config's as a tower's."""
+    fields = AutoConfig.for_model(MODEL_TYPES[architecture]).to_dict()
+    assert (set(fields) | set(fields.get("text_config", ()))) - HONOURED - NO_EFFECT - set(REQUIRED) == set()
+    assert set(fields.get("vision_config", ())) - VISION_HONOURED - VISION_NO_EFFECT - set(VISION_REQUIRED) == set()
 
 
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
 def test_transformers_defaults_are_served(architecture):
-    ModelConfig.from_hf(AutoConfig.for_model(MODEL_TYPES[architecture]).to_dict() | {"architectures": [architecture]})
+    hf = AutoConfig.for_model(MODEL_TYPES[architecture]).to_dict() | {"architectures": [architecture]}
+    if "vision_config" in hf:  # transformers' defaults pair a 3584-wide tower's output with an 8192-wide model
+        hf["vision_config"]["out_hidden_size"] = hf["text_config"]["hidden_size"]
+    ModelConfig.from_hf(hf)
 
 
 @pytest.mark.parametrize("family, fields, message", [
@@ -67,6 +77,50 @@ def test_an_unimplemented_option_is_refused_by_name(family, fields, message):
 def test_a_gemma_option_no_module_computes_is_refused_by_name(family, fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig.from_hf({**gemma_config(family), **fields})
+
+
+def _tiny_vl(text: dict | None = None, vision: dict | None = None) -> dict:
+    return {**TINY_QWEN2_5_VL, "text_config": {**TINY_QWEN2_5_VL["text_config"], **(text or {})},
+            "vision_config": {**TINY_QWEN2_5_VL["vision_config"], **(vision or {})}}
+
+
+@pytest.mark.parametrize("hf, message", [
+    (_tiny_vl(vision={"hidden_act": "gelu"}), "Qwen2_5_VLForConditionalGeneration: config.json sets "
+                                              "vision_config.hidden_act = 'gelu', which the worker does not implement"),
+    (_tiny_vl(vision={"patch_size": [2, 4]}), "vision_config.patch_size = [2, 4]"),
+    (_tiny_vl(vision={"rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}),
+     "it supports rope_type axial"),
+    (_tiny_vl(text={"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "mrope_section": [2, 3, 3]}}),
+     "it supports rope_type default (partial_rotary_factor"),
+    (_tiny_vl(text={"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 4]}}),
+     "mrope_section [2, 3, 4] does not divide the 8 rotary frequencies of a head"),
+    (_tiny_vl(vision={"out_hidden_size": 32}), "the vision tower's out_hidden_size 32 is not the language model's "
+                                               "hidden_size 64"),
+    ({**_TINY, **FAMILIES["qwen2"], "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+     "an mrope_section only where it takes multimodal positions"),
+])
+def test_a_vision_language_option_no_module_computes_is_refused_by_name(hf, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig.from_hf(hf)
+
+
+@pytest.mark.parametrize("shape", ["Qwen2.5-VL-3B", "Qwen2.5-VL-7B"])
+def test_qwen2_5_vl_reads_its_language_model_from_either_layout(shape):
+    """The first published config.json (the language model's fields beside vision_config, M-RoPE as rope_scaling of
+    type mrope), as transformers 5 saves it (text_config with rope_parameters), and as the Hub's hold it now (both)."""
+    flat = shape_config(shape)
+    saved = AutoConfig.for_model(**flat).to_dict() | {"architectures": flat["architectures"]}
+    assert "hidden_size" not in saved and "mrope_section" in saved["text_config"]["rope_parameters"]
+    configs = [ModelConfig.from_hf(hf) for hf in (flat, saved, flat | {"text_config": saved["text_config"]})]
+    assert configs[0] == configs[1] == configs[2]
+    config = configs[0]
+    assert (config.head_dim, config.rope_theta, config.mrope_section, config.layer_windows) == \
+        (128, 1e6, (16, 24, 24), ())
+    assert config.tie_word_embeddings == (shape == "Qwen2.5-VL-3B") and config.eos_token_ids == (151645,)
+    vision = config.vision
+    assert (vision.depth, vision.head_dim, vision.window_units, vision.full_attention_blocks, vision.patch_dim,
+            vision.out_hidden_size, vision.image_token_id) == (32, 80, 4, (7, 15, 23, 31), 1176,
+                                                                 config.hidden_size, 151655)
 
 
 def test_gemma_3_reads_its_ropes_from_either_transformers_layout():

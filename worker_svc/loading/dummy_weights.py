@@ -1,4 +1,6 @@
 """Random weights of a named shape, in Hugging Face layout, so the same tensors can also feed transformers."""
+import re
+
 import torch
 
 from sluice.worker.loading.shapes import shape_config
@@ -6,8 +8,10 @@ from sluice.worker.loading.stacked_experts import stacked_expert_shapes
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
+from sluice.worker.models.vision.config import VisionConfig
 
 INIT_STD = 0.02
+_NORM = re.compile(r"(norm\d?|ln_q)\.weight$")  # the decoder's norms, and a vision tower's (norm1, norm2, ln_q)
 
 
 def dummy_checkpoint(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, rank: int = 0,
@@ -27,7 +31,7 @@ def random_state_dict(hf_config: dict, dtype: torch.dtype, device: torch.device,
     layout = layout or ShardLayout(config)
     state = {}
     for name, size in _hf_parameter_shapes(config).items():
-        tensor = torch.ones(size, dtype=dtype, device=device) if name.endswith("norm.weight") else \
+        tensor = torch.ones(size, dtype=dtype, device=device) if _NORM.search(name) else \
             torch.empty(size, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=generator)
         if layout.holds(name):
             state[name] = layout.shard(name, tensor)
@@ -41,6 +45,8 @@ def _hf_parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (config.vocab_size, hidden), "model.norm.weight": (hidden,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    if config.vision is not None:
+        shapes |= _vision_shapes(config.vision)
     for layer in range(config.num_layers):
         p = f"model.layers.{layer}."
         shapes |= {
@@ -95,4 +101,22 @@ def _moe_shapes(config: ModelConfig, traits: ArchitectureTraits, layer_prefix: s
     if moe.shared_expert_intermediate_size:
         shapes |= _mlp_shapes(config, f"{prefix}shared_expert.", moe.shared_expert_intermediate_size)
         shapes[f"{prefix}shared_expert_gate.weight"] = (1, config.hidden_size)
+    return shapes
+
+
+def _vision_shapes(vision: VisionConfig) -> dict:
+    hidden, intermediate, merged = vision.hidden_size, vision.intermediate_size, vision.hidden_size * vision.merge_unit
+    kernel = (vision.temporal_patch_size, vision.patch_size, vision.patch_size)
+    shapes = {"visual.patch_embed.proj.weight": (hidden, vision.in_channels, *kernel),
+              "visual.merger.ln_q.weight": (hidden,), "visual.merger.mlp.0.weight": (merged, merged),
+              "visual.merger.mlp.0.bias": (merged,), "visual.merger.mlp.2.weight": (vision.out_hidden_size, merged),
+              "visual.merger.mlp.2.bias": (vision.out_hidden_size,)}
+    for block in range(vision.depth):
+        p = f"visual.blocks.{block}."
+        shapes |= {f"{p}norm1.weight": (hidden,), f"{p}norm2.weight": (hidden,),
+                   f"{p}attn.qkv.weight": (3 * hidden, hidden), f"{p}attn.qkv.bias": (3 * hidden,),
+                   f"{p}attn.proj.weight": (hidden, hidden), f"{p}attn.proj.bias": (hidden,),
+                   **{f"{p}mlp.{name}.weight": (intermediate, hidden) for name in ("gate_proj", "up_proj")},
+                   **{f"{p}mlp.{name}.bias": (intermediate,) for name in ("gate_proj", "up_proj")},
+                   f"{p}mlp.down_proj.weight": (hidden, intermediate), f"{p}mlp.down_proj.bias": (hidden,)}
     return shapes

@@ -30,6 +30,23 @@ def _gemma3_layer_types(num_layers: int) -> list[str]:
 _GEMMA = {"head_dim": 256, "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
           "tie_word_embeddings": True}
 
+def _qwen2_5_vl_vision(out_hidden_size: int) -> dict:
+    """The vision_config of the published Qwen2.5-VL checkpoints (in_chans and spatial_patch_size: names transformers
+    does not read)."""
+    return {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+            "in_chans": 3, "out_hidden_size": out_hidden_size, "patch_size": 14, "spatial_merge_size": 2,
+            "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2, "temporal_patch_size": 2}
+
+
+_QWEN2_5_VL = {  # the published configs' top-level fields besides the language model's shape and the vision tower's
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "bos_token_id": 151643,
+    "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu", "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "sliding_window": 32768, "use_sliding_window": False,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+}
+
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
@@ -146,6 +163,16 @@ SHAPES: dict[str, dict] = {
         "layer_types": _gemma3_layer_types(34), "rope_theta": 1_000_000.0,
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_local_base_freq": 10000.0,
         "attn_logit_softcapping": None, "final_logit_softcapping": None, "eos_token_id": [1, 106], **_GEMMA,
+    },
+    "Qwen2.5-VL-3B": {  # Qwen/Qwen2.5-VL-3B-Instruct, in the flat layout of its first config.json
+        **_QWEN2_5_VL, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "max_window_layers": 70, "vocab_size": 151936,
+        "tie_word_embeddings": True, "vision_config": _qwen2_5_vl_vision(2048),
+    },
+    "Qwen2.5-VL-7B": {  # Qwen/Qwen2.5-VL-7B-Instruct
+        **_QWEN2_5_VL, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "max_window_layers": 28, "vocab_size": 152064,
+        "tie_word_embeddings": False, "vision_config": _qwen2_5_vl_vision(3584),
     },
 }
 

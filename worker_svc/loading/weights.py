@@ -35,7 +35,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                     expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
     again per channel, but an expert's, which keeps its blocks; MXFP4 experts whole, to dequantize them). A
-    quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py)."""
+    quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py). A weight
+    stored under transformers' module name (model.language_model.*) is read as the published name (model.*)."""
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
@@ -47,8 +48,9 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                                  activation_absmax_bound=activation_absmax_bound(hf_config),
                                  expert_weight_block=None if config.moe is None else block)
     layout = ShardLayout(config, rank, world_size, expert_parallel)
+    prefixes = traits_for(config.architecture).checkpoint_prefixes
     files = sorted(folder.glob("*.safetensors"))
-    block_scales = _block_scales(files) if block else {}
+    block_scales = _block_scales(files, prefixes) if block else {}
     fp4_scales = mxfp4_scales(files) if mxfp4 else {}
     if block:
         layout.check_expert_blocks(block)
@@ -57,26 +59,27 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
     state: dict[str, torch.Tensor] = {}
     for shard in files:
         with safe_open(shard, framework="pt") as file:
-            for name in file.keys():
+            for stored in file.keys():
+                name = published_name(stored, prefixes)
                 if mxfp4 and name.endswith(SCALES):
                     continue
                 if mxfp4 and name.endswith(BLOCKS):
                     dequantized = name.removesuffix(BLOCKS)
-                    weight = dequantized_projection(file.get_tensor(name), fp4_scales[dequantized])
+                    weight = dequantized_projection(file.get_tensor(stored), fp4_scales[dequantized])
                     state[dequantized] = layout.shard(dequantized, weight)
                     continue
                 if block and name.endswith(_BLOCK_SCALE_SUFFIXES) or not layout.holds(name):
                     continue
                 if name in block_scales and not layout.is_expert(name):
-                    weight, scale = per_channel_from_blocks(file.get_tensor(name), block_scales[name], block)
+                    weight, scale = per_channel_from_blocks(file.get_tensor(stored), block_scales[name], block)
                     state[name] = layout.shard(name, weight)
                     state[f"{name}_scale"] = layout.shard(f"{name}_scale", scale)
                     continue
                 if name in block_scales:  # an expert keeps its blocks: the fused MoE kernels read them
                     state[f"{name}_block_scale"] = layout.shard_block_scale(name, block_scales[name].float(), block)
-                part, pieces = file.get_slice(name), layout.pieces_of(name)
+                part, pieces = file.get_slice(stored), layout.pieces_of(name)
                 if pieces is None or math.prod(part.get_shape()) == 1:  # a per-tensor scale is every rank's
-                    state[name] = file.get_tensor(name)
+                    state[name] = file.get_tensor(stored)
                 else:
                     state[name] = gather_pieces(
                         lambda piece: part[(slice(None),) * piece.dim + (slice(piece.start, piece.stop),)], pieces)
@@ -85,10 +88,20 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
     return config, to_worker_layout(state, config)
 
 
-def _block_scales(files: list[Path]) -> dict[str, torch.Tensor]:
-    """Each block-wise weight's name and its block scales (weight_scale_inv or weight_scale), from any of the files."""
-    return {name.removesuffix("_inv").removesuffix("_scale"): scales
+def _block_scales(files: list[Path], prefixes: tuple[tuple[str, str], ...]) -> dict[str, torch.Tensor]:
+    """Each block-wise weight's published name and its block scales (weight_scale_inv or weight_scale), from any of
+    the files."""
+    return {published_name(name, prefixes).removesuffix("_inv").removesuffix("_scale"): scales
             for name, scales in tensors_ending_with(files, _BLOCK_SCALE_SUFFIXES).items()}
+
+
+def published_name(name: str, prefixes: tuple[tuple[str, str], ...]) -> str:
+    """A checkpoint weight's name as the published checkpoints spell it: under the first of prefixes' (transformers'
+    module prefix, the published one) whose module prefix it has, renamed."""
+    for module_prefix, published in prefixes:
+        if name.startswith(module_prefix):
+            return published + name.removeprefix(module_prefix)
+    return name
 
 
 def _load_gguf(path: Path, rank: int, world_size: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -1,10 +1,14 @@
-"""ModelConfig: the shape of a decoder (dense or with mixture-of-experts layers), read from a Hugging Face
-config.json."""
+"""ModelConfig: the shape of a decoder (dense or with mixture-of-experts layers, or the language model of a
+vision-language model, with its vision tower), read from a Hugging Face config.json."""
 from dataclasses import dataclass
 
-from sluice.worker.models.config_fields import (check_config_fields, layer_ropes, layer_types, layer_windows,
-                                                rope_type_of, with_defaults)
+from sluice.worker.models.config_fields import (check_config_fields, language_model_fields, layer_ropes, layer_types,
+                                                layer_windows, rope_type_of, vision_fields, with_defaults)
 from sluice.worker.models.moe_config import MoeConfig, moe_config_from_hf
+from sluice.worker.models.registry import traits_for
+from sluice.worker.models.vision.config import VisionConfig
+
+_DEFAULT_MROPE_SECTION = (16, 24, 24)  # transformers' Qwen2.5-VL, where the rope names none
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,16 +48,27 @@ class ModelConfig:
     attention_scale: float = 0.0  # what attention scores are scaled by: head_dim ** -0.5 where 0 (Gemma: its own)
     attention_softcap: float = 0.0  # attention scores become cap * tanh(score / cap); 0: not capped
     final_logit_softcap: float = 0.0  # the logits, likewise
+    vision: VisionConfig | None = None  # a vision-language model's vision tower
+    mrope_section: tuple[int, ...] = ()  # multimodal rope: the frequencies rotated by each of 3 positions (mrope.py)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.mrope_section and 2 * sum(self.mrope_section) != self.rotary_dim:
+            raise ValueError(f"mrope_section {list(self.mrope_section)} does not divide the {self.rotary_dim // 2} "
+                             "rotary frequencies of a head")
+        if self.vision is not None and self.vision.out_hidden_size != self.hidden_size:
+            raise ValueError(f"the vision tower's out_hidden_size {self.vision.out_hidden_size} is not the language "
+                             f"model's hidden_size {self.hidden_size}")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
-        """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py)."""
+        """Refuses an architecture, or a config field's value, that no model module computes (config_fields.py). A
+        vision-language model's shape is its language model's, with its vision tower."""
         check_config_fields(hf)
-        hf = with_defaults(hf)
+        traits = traits_for(hf["architectures"][0])
+        vision = VisionConfig.from_hf(*vision_fields(hf)) if traits.vision else None
+        hf = with_defaults(language_model_fields(hf))
         rope, sliding_rope = layer_ropes(hf)
         eos = hf.get("eos_token_id")
         return cls(
@@ -78,6 +93,8 @@ class ModelConfig:
             attention_scale=hf["query_pre_attn_scalar"] ** -0.5 if hf.get("query_pre_attn_scalar") else 0.0,
             attention_softcap=hf.get("attn_logit_softcapping") or 0.0,
             final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
+            vision=vision,
+            mrope_section=tuple(rope.get("mrope_section") or _DEFAULT_MROPE_SECTION) if traits.mrope else (),
         )
 
     @property

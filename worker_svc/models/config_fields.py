@@ -1,6 +1,8 @@
 """Every Hugging Face config field of the supported architectures, as the worker takes it: read into the model's
 shape, of no effect on inference, or required to hold a value the models compute (a bias, an activation, a layer type
-or a rope type they do not implement is refused at start, naming the field)."""
+or a rope type they do not implement is refused at start, naming the field). A vision-language config's language
+model is its text_config (or the fields beside its vision_config), checked as a decoder's; its vision_config is
+checked as the vision tower's."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,7 +15,12 @@ HONOURED = frozenset({
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "sliding_window", "use_sliding_window", "max_window_layers",
     "query_pre_attn_scalar", "final_logit_softcapping", "rope_local_base_freq", "sliding_window_pattern",
-    "swiglu_alpha", "swiglu_limit", "original_max_position_embeddings",
+    "swiglu_alpha", "swiglu_limit", "original_max_position_embeddings", "text_config", "vision_config",
+    "image_token_id",
+})
+VISION_HONOURED = frozenset({
+    "depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "spatial_merge_size", "window_size",
+    "fullatt_block_indexes", "out_hidden_size",
 })
 NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the computation does not read them
     "_name_or_path", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache", "initializer_range",
@@ -22,11 +29,18 @@ NO_EFFECT = frozenset({  # training, bookkeeping and generation defaults: the co
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "pretraining_tp", "cache_implementation",
     "embd_pdrop", "resid_pdrop",
     "_sliding_window_pattern",  # transformers' record of sliding_window_pattern, which layer_types spells out
+    # a vision-language model's processor's tokens, and videos': the worker takes images
+    "video_token_id", "vision_start_token_id", "vision_end_token_id",
 })
-_ROPE_TYPE_ALIASES = {"su": "longrope"}  # Phi-3's first configs name LongRoPE "su"
+# a sub-config's architectures (null), and the spacing of a video's frames in time
+VISION_NO_EFFECT = NO_EFFECT | {"architectures", "tokens_per_second"}
+# Phi-3's first configs name LongRoPE "su"; Qwen2.5-VL's name default rope with an mrope_section "mrope"
+_ROPE_TYPE_ALIASES = {"su": "longrope", "mrope": "default"}
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _DEFAULTED = ("tie_word_embeddings", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping")
 _ROPE_FIELDS = ("rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq")
+_VISION_LANGUAGE_FIELDS = ("model_type", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+                           "vision_end_token_id", "vision_token_id")  # beside the language model's in a flat config
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,10 +57,15 @@ def rope_type_of(rope: dict) -> str:
 
 def _rope(value, hf: dict) -> bool:
     """A rope, or transformers 5's ropes per layer type (Gemma 3), of the architecture's rope types, rotating whole
-    heads unless the architecture rotates partial ones."""
+    heads unless the architecture rotates partial ones, by multimodal positions only where it takes them."""
     ropes = value.values() if value and set(value) <= set(_LAYER_TYPES) else [value or {}]
-    return all(rope_type_of(rope) in traits_for(hf["architectures"][0]).rope_types
-               and _whole_heads_rotate(rope.get("partial_rotary_factor"), hf) for rope in ropes)
+    traits = traits_for(hf["architectures"][0])
+    return all(rope_type_of(rope) in traits.rope_types and _whole_heads_rotate(rope.get("partial_rotary_factor"), hf)
+               and (traits.mrope or not _is_multimodal(rope)) for rope in ropes)
+
+
+def _is_multimodal(rope: dict) -> bool:
+    return "mrope_section" in rope or rope.get("type", rope.get("rope_type")) == "mrope"
 
 
 def _whole_heads_rotate(value, hf: dict) -> bool:
@@ -66,7 +85,8 @@ def _attention_softcapping(value, hf: dict) -> bool:
     return value is None or ARCHITECTURES[hf["architectures"][0]].attention_softcapping
 
 
-_ROPE_SUPPORTED = "rope_type {rope_types} (partial_rotary_factor 1.0 unless the architecture rotates partial heads)"
+_ROPE_SUPPORTED = ("rope_type {rope_types} (partial_rotary_factor 1.0 unless the architecture rotates partial heads, "
+                   "an mrope_section only where it takes multimodal positions)")
 REQUIRED: dict[str, Requirement] = {
     "hidden_act": Requirement(_activation, "the family's activation (silu; gelu_pytorch_tanh for Gemma)"),
     "hidden_activation": Requirement(_activation, "the family's activation (gelu_pytorch_tanh for Gemma)"),
@@ -84,6 +104,13 @@ REQUIRED: dict[str, Requirement] = {
                                           "null where transformers' attention ignores it (Gemma 3)"),
     "use_bidirectional_attention": Requirement(lambda value, hf: not value, "false (causal attention)"),
 }
+VISION_REQUIRED: dict[str, Requirement] = {
+    "hidden_act": Requirement(lambda value, hf: value == "silu", "silu (the vision tower's gated MLP)"),
+    "patch_size": Requirement(lambda value, hf: isinstance(value, int), "one whole number (square patches)"),
+    "temporal_patch_size": Requirement(lambda value, hf: isinstance(value, int), "one whole number"),
+    "rope_parameters": Requirement(lambda value, hf: (value or {}).get("rope_type", "axial") == "axial",
+                                   "rope_type axial (the tower's 2-D rope)"),
+}
 
 
 def check_config_fields(hf: dict) -> None:
@@ -92,11 +119,38 @@ def check_config_fields(hf: dict) -> None:
     architecture = (hf.get("architectures") or ["(none)"])[0]
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(ARCHITECTURES)}")
+    _check(architecture, language_model_fields(hf), REQUIRED, "")
+    if ARCHITECTURES[architecture].vision:
+        _check(architecture, vision_fields(hf)[0], VISION_REQUIRED, "vision_config.")
+
+
+def _check(architecture: str, fields: dict, requirements: dict[str, Requirement], prefix: str) -> None:
     rope_types = " or ".join(ARCHITECTURES[architecture].rope_types)
-    for name, requirement in REQUIRED.items():
-        if name in hf and not requirement.holds(hf[name], hf):
-            raise ValueError(f"{architecture}: config.json sets {name} = {hf[name]!r}, which the worker does not "
-                             f"implement; it supports {requirement.supported.format(rope_types=rope_types)}")
+    for name, requirement in requirements.items():
+        if name in fields and not requirement.holds(fields[name], fields):
+            raise ValueError(f"{architecture}: config.json sets {prefix}{name} = {fields[name]!r}, which the worker "
+                             f"does not implement; it supports {requirement.supported.format(rope_types=rope_types)}")
+
+
+def language_model_fields(hf: dict) -> dict:
+    """A vision-language config's language model as a decoder's config (any other config as it is): its text_config,
+    or in a config without one the fields beside vision_config (transformers builds its text_config of them), under
+    the model's architecture, and tie_word_embeddings as transformers reads it (the top level's, or text_config's)."""
+    if not traits_for(hf["architectures"][0]).vision:
+        return hf
+    text = hf.get("text_config") or {name: value for name, value in hf.items() if name not in _VISION_LANGUAGE_FIELDS}
+    tie = hf.get("tie_word_embeddings", False) or text.get("tie_word_embeddings", False)
+    model_type = {} if "model_type" not in hf else {"model_type": _sub_config(hf["model_type"], "text_config")}
+    return {**text, **model_type, "architectures": hf["architectures"], "tie_word_embeddings": tie}
+
+
+def vision_fields(hf: dict) -> tuple[dict, int]:
+    """(vision_config, image_token_id) of a vision-language config, with transformers' defaults of what it lacks."""
+    if "model_type" not in hf:
+        return hf["vision_config"], hf["image_token_id"]
+    defaults = _transformers_config({"model_type": hf["model_type"]})
+    return defaults.vision_config.to_dict() | hf.get("vision_config", {}), \
+        hf.get("image_token_id", defaults.image_token_id)
 
 
 def with_defaults(hf: dict) -> dict:
@@ -151,6 +205,12 @@ def layer_ropes(hf: dict) -> tuple[dict, dict | None]:
     if set(rope) <= set(_LAYER_TYPES):
         return rope["full_attention"], rope.get("sliding_attention")
     return rope, None
+
+
+def _sub_config(model_type: str, name: str) -> str:
+    """The model_type of a config's sub-config (its text_config's, say)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    return CONFIG_MAPPING[model_type].sub_configs[name].model_type
 
 
 def _transformers_config(hf: dict, fields: tuple[str, ...] | None = None):

@@ -111,7 +111,15 @@ class DecoderLM(nn.Module):
     def hidden_states(self, input_ids, positions, cos_sin_cache, kv_caches, meta: AttentionMetadata,
                       logits_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output and residual [num_logits, hidden] at logits_indices (None: at every token)."""
-        x, residual = self.embed(input_ids), None  # x: [num_tokens, hidden]
+        return self.hidden_states_from_embeddings(self.embed(input_ids), positions, cos_sin_cache, kv_caches, meta,
+                                                  logits_indices)
+
+    def hidden_states_from_embeddings(self, x: torch.Tensor, positions, cos_sin_cache, kv_caches,
+                                      meta: AttentionMetadata,
+                                      logits_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden_states of the token embeddings x [num_tokens, hidden], however they were made (a vision-language
+        model's hold image embeddings at its placeholder tokens)."""
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, positions, cos_sin_cache, kv_cache, meta)
         if logits_indices is not None:

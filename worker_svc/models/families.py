@@ -3,6 +3,7 @@ family brings its own module."""
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.models.gemma import GemmaLM, TensorParallelGemmaLM
 from sluice.worker.models.gpt_oss import GptOssLM, TensorParallelGptOssLM
+from sluice.worker.models.qwen2_5_vl import QwenVisionLanguageLM, TensorParallelQwenVisionLanguageLM
 from sluice.worker.models.tensor_parallel import TensorParallelDecoderLM
 
 ModelClasses = tuple[type[DecoderLM], type[TensorParallelDecoderLM]]  # (the whole model, a tensor-parallel rank's)
@@ -11,6 +12,7 @@ FAMILY_MODELS: dict[str, ModelClasses] = {
     "GptOssForCausalLM": (GptOssLM, TensorParallelGptOssLM),
     "Gemma2ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
     "Gemma3ForCausalLM": (GemmaLM, TensorParallelGemmaLM),
+    "Qwen2_5_VLForConditionalGeneration": (QwenVisionLanguageLM, TensorParallelQwenVisionLanguageLM),
 }
 
 

@@ -1,6 +1,6 @@
 """The supported architectures, each with what sets it apart from plain Llama (ArchitectureTraits); the mixtures of
-experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own (Gemma)
-registers its decoder classes in families.py."""
+experts among them also say how their MoE layers are shaped (moe_config.py). A family with a module of its own (Gemma,
+gpt-oss, Qwen2.5-VL) registers its decoder classes in families.py."""
 from dataclasses import dataclass
 
 
@@ -23,6 +23,10 @@ class ArchitectureTraits:
     rope_types: tuple[str, ...] = ("default", "llama3", "yarn")  # the rope_scaling types its transformers module takes
     partial_rotary: bool = False  # partial_rotary_factor: rotary embeddings of each head's leading dims only
     sliding_rope: bool = False  # the sliding-window layers rotate by a rope of their own (Gemma 3)
+    vision: bool = False  # a vision tower (vision_config): its image embeddings replace placeholders' (Qwen2.5-VL)
+    mrope: bool = False  # multimodal rope: mrope_section divides the frequencies among 3 positions (Qwen2.5-VL)
+    # (a prefix of transformers' module names, the published checkpoints' spelling of it): weights load under either
+    checkpoint_prefixes: tuple[tuple[str, str], ...] = ()
 
 
 _GEMMA_NORMS = (*ArchitectureTraits().layer_norms, "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -43,6 +47,9 @@ ARCHITECTURES: dict[str, ArchitectureTraits] = {
                                             attention_softcapping=True, rope_types=("default", "linear")),
     "Gemma3ForCausalLM": ArchitectureTraits(activation="gelu_pytorch_tanh", layer_norms=_GEMMA_NORMS, qk_norm=True,
                                             rope_types=("default", "linear"), sliding_rope=True),
+    "Qwen2_5_VLForConditionalGeneration": ArchitectureTraits(
+        qkv_bias=True, rope_types=("default",), vision=True, mrope=True,
+        checkpoint_prefixes=(("model.language_model.", "model."), ("model.visual.", "visual."))),
 }
 
 

@@ -114,3 +114,14 @@ def build_cos_sin_cache(
     freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq
     table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     return (table if attention_factor == 1.0 else table * attention_factor).to(dtype)
+
+
+def sectioned_cos_sin(cos_sin_cache: torch.Tensor, positions: torch.Tensor, sections: torch.Tensor,
+                      frequencies: torch.Tensor) -> torch.Tensor:
+    """Cos/sin rows [num_tokens, 2 * len(sections)] of tokens with several positions each (positions: [num_rows,
+    num_tokens]), as the operators take a table's rows: column c holds frequency frequencies[c] of cos_sin_cache at
+    the token's position positions[sections[c]]. Multimodal rope (temporal, height and width sections of the
+    frequencies) and a vision tower's 2-D rope (height and width) are such rows."""
+    half = cos_sin_cache.shape[1] // 2
+    at = positions[sections].T  # [num_tokens, columns]: the position each column reads
+    return torch.cat([cos_sin_cache[at, frequencies], cos_sin_cache[at, frequencies + half]], dim=-1)

@@ -11,7 +11,7 @@ expert parallelism places whole experts on the ranks; the router is replicated, 
 Experts in FP8 blocks keep them, so a rank's intermediate columns must be whole blocks, and their block scales are split
 with them. Stacked experts (gpt-oss) split their interleaved gate/up columns in pairs, and attention sinks go with their
 heads. A row-parallel bias (o_proj's and the stacked experts' down bias) is added once: the first rank holds it, the
-others an empty slice padded with zeros.
+others an empty slice padded with zeros. A vision tower is whole on every rank.
 """
 import dataclasses
 import re
@@ -29,6 +29,7 @@ _INTERMEDIATE_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("embed_tokens.weight", "lm_head.weight")
 _SHARED_EXPERT_ROWS = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(\w+)\.(?:weight|weight_scale|input_scale)$")  # an expert's tensors
+_REPLICATED = ("visual.",)  # a vision-language model's vision tower
 _ADDED_ONCE = {"self_attn.o_proj.bias": 0, "mlp.experts.down_proj_bias": 1}  # row-parallel biases: their hidden dim
 FUSED_PROJECTIONS = {  # the worker's fused projections, and their parts as checkpoints publish them apart
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -181,7 +182,7 @@ class ShardLayout:
 
     def slice_of(self, name: str) -> ShardSlice | None:
         """The rank's slice of a Hugging Face-named weight; None if every rank holds all of it."""
-        if self.world_size == 1:
+        if self.world_size == 1 or name.startswith(_REPLICATED):
             return None
         if name.endswith(".weight_scale"):
             rows = self.slice_of(name.removesuffix("_scale"))

@@ -67,10 +67,13 @@ def dequantize_blocks(x_q: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
 def quantize_linear_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The worker-layout state of an unquantized checkpoint with every decoder linear layer's weight in e4m3 plus its
     per-channel weight_scale, and every layer's stacked experts (w13, w2) in e4m3 plus their per-row scales
-    (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py).
+    (w13_scale, w2_scale). Routers and a shared expert's gate keep their float weights (models/moe.py); so do the
+    embedding, the LM head and a vision tower, outside the decoder layers.
     In place, a weight at a time: each float weight is freed once quantized, so a model that fills the device in
     bf16 (Qwen3-30B-A3B on 80 GB) quantizes there."""
     for name in list(state):
+        if not name.startswith("layers."):
+            continue
         if name.endswith(".weight") and name.removesuffix(".weight").endswith(QUANTIZED_LINEARS):
             state[name], state[name.removesuffix("weight") + "weight_scale"] = quantize_rows(state[name])
         elif name.endswith(QUANTIZED_EXPERTS):

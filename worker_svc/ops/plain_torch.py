@@ -192,6 +192,16 @@ class TorchOps:
         attended = attended.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
         return attended if out is None else out.copy_(attended)
 
+    @staticmethod
+    def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+        """Attention among the rows of each segment [bounds[i], bounds[i + 1]) alone, in both directions (a vision
+        tower's windows or image frames): q, k and v [num_rows, num_heads, head_dim], segment by segment as
+        transformers' SDPA path computes it."""
+        lengths = bounds.diff().tolist()
+        return torch.cat([F.scaled_dot_product_attention(*(x.transpose(0, 1) for x in segment), scale=scale)
+                          .transpose(0, 1) for segment in zip(q.split(lengths), k.split(lengths), v.split(lengths))])
+
 
 def _explicit_attention(q, k, v, mask, scale: float, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
     """Attention with its scores written out, as transformers' eager attention computes soft-capping and sinks:
