@@ -1,0 +1,180 @@
+"""W4A16 linear layers: y = x @ W.T (+ bias) for 4-bit weights in kernels.w4a16_layout's layout, dequantized in
+registers, so no full-precision copy of a weight ever exists.
+
+Two kernels, picked by the number of rows:
+- the GEMM (prefill, batched decode): a program computes a BLOCK_M x BLOCK_N tile of y; per K slice it loads x's
+  tile and the slice's packed words [BLOCK_K / 8, BLOCK_N], unpacks them into [BLOCK_K, BLOCK_N] values, subtracts
+  the group's zero points, multiplies by its scales (one row of each: a slice lies in one group) and feeds tl.dot in
+  the activation dtype, accumulating in float32.
+- the decode kernel (a few rows): like kernels.fused_linear's one-row weight streams, a program owns BLOCK_N output
+  features of every row and streams their packed words once; each slice is dequantized once and multiplied into
+  each row in float32, without tensor cores.
+Both round the dequantized weight to the activation dtype first, as the reference (dequantize, then F.linear) does.
+"""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
+from sluice.kernels.fused_moe import _tile_of
+from sluice.kernels.paged_kv import dot_config
+from sluice.kernels.w4a16_layout import SYMMETRIC_ZERO, W4A16Weight, dequantize
+
+DECODE_ROWS = 8  # at most this many rows take the decode kernel
+_SYMMETRIC_ZERO = tl.constexpr(SYMMETRIC_ZERO)
+
+
+@triton.jit
+def _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS: tl.constexpr,
+                       GROUP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W.T[k : k + BLOCK_K, cols] in the scales' dtype: [BLOCK_K, BLOCK_N], the slice within one group."""
+    words = tl.load(qweight_ptr + (k // 8 + tl.arange(0, BLOCK_K // 8))[:, None] * N + cols[None, :])
+    q = (words[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
+    q = tl.reshape(q, [BLOCK_K, BLOCK_N])
+    group = k // GROUP
+    if HAS_ZEROS:
+        q -= tl.load(zeros_ptr + group * N + cols).to(tl.int32)[None, :]
+    else:
+        q -= _SYMMETRIC_ZERO
+    scale = tl.load(scales_ptr + group * N + cols)
+    return (q.to(tl.float32) * scale.to(tl.float32)[None, :]).to(scale.dtype)  # exact, then rounded once
+
+
+@triton.jit
+def _input_columns(perm_ptr, ks, HAS_PERM: tl.constexpr):
+    """The columns of x that the layout's rows ks multiply: perm[ks] when the rows are sorted by group."""
+    if HAS_PERM:
+        return tl.load(perm_ptr + ks)
+    return ks
+
+
+@triton.jit
+def _store(out_ptr, acc, bias_ptr, rows, row_mask, pid_n, N, stride_out, HAS_BIAS: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + tl.minimum(out_cols, N - 1)).to(tl.float32)[None, :]
+    out = out_ptr + rows.to(tl.int64)[:, None] * stride_out + out_cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (out_cols < N)[None, :])
+
+
+@triton.jit
+def _w4a16_gemm_kernel(
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_out,
+    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (row tile, column tile) computes y[rows, cols] = x[rows] @ W.T[:, cols] (+ bias[cols]).
+
+    K is a multiple of the group and the group of BLOCK_K, so the K loop needs no masks; rows past M load zeros,
+    columns past N are clamped to the last one and dropped at the store.
+    """
+    wait_for_inputs(PDL)
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
+        a = tl.load(x_rows + x_cols[None, :], mask=row_mask[:, None], other=0.0)
+        w = _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS, GROUP, BLOCK_K, BLOCK_N)
+        acc = tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    _store(out_ptr, acc, bias_ptr, rows, row_mask, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
+
+
+@triton.jit
+def _w4a16_decode_kernel(
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_out,
+    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program pid computes y[:M, cols] for output features cols = [pid * BLOCK_N, +BLOCK_N), M <= BLOCK_M: the
+    features' packed words are read once, each slice dequantized once and summed against every row in float32."""
+    wait_for_inputs(PDL)
+    pid_n = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
+        w = _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS, GROUP, BLOCK_K,
+                               BLOCK_N).to(tl.float32)
+        for m in tl.static_range(BLOCK_M):  # -- each row's product with the slice
+            a = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_x + x_cols).to(tl.float32)  # rows past M: dropped
+            acc += tl.where(rows[:, None] == m, tl.sum(a[:, None] * w, 0)[None, :], 0.0)
+    _store(out_ptr, acc, bias_ptr, rows, rows < M, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
+
+
+def _block_k(group: int, largest: int) -> int:
+    """The K slice: the largest power of two up to `largest` that divides the group (a multiple of 16)."""
+    block = largest
+    while group % block:
+        block //= 2
+    return block
+
+
+def w4a16_launch_config(m: int, n: int, group: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The kernel (decode or GEMM) and its tiles for m rows of n output features."""
+    decode = m <= DECODE_ROWS
+    if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
+        tiles = dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(group, 128), num_warps=1)
+        if decode:
+            return dict(decode=True, BLOCK_M=triton.next_power_of_2(m)) | tiles
+        return dict(decode=False, BLOCK_M=min(64, max(16, triton.next_power_of_2(m))), GROUP_M=1) | tiles
+    # NOTE: none of these tiles is measured yet (no GPU in the session that wrote them); the decode rule follows
+    # fused_linear's measured one (a few features a program, long K slices, 4 warps), widened to 32 features so the
+    # N-contiguous words load coalesced, and the GEMM rule follows kernels.fused_moe's table (itself vLLM's).
+    # tests/kernels/w4a16_h200_compile.py checks each compiles for the H200 without spills, pipelined.
+    if decode:
+        return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=32, BLOCK_K=_block_k(group, 128),
+                    num_warps=4, num_stages=4)
+    if m <= 32:
+        config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
+    elif m <= 128:
+        config = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
+    else:
+        config = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    if dtype == torch.float32:  # twice the shared memory per element: half the K slice
+        config.update(BLOCK_K=config["BLOCK_K"] // 2, num_stages=2)
+    return dict(decode=False) | config | dict(BLOCK_K=_block_k(group, config["BLOCK_K"]))
+
+
+def w4a16_linear(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None = None, *,
+                 launch_config: dict | None = None, pdl: bool = True) -> torch.Tensor:
+    """y = x @ dequantize(weight).T + bias: [M, N] in x's dtype, for x [M, K] (float16, bfloat16 or float32, the
+    weight's scales' dtype)."""
+    if x.dim() != 2 or x.shape[1] != weight.in_features or x.dtype != weight.scales.dtype or x.stride(1) != 1:
+        raise ValueError(f"x {x.dtype} {tuple(x.shape)} does not fit a {weight.scales.dtype} weight of "
+                         f"{weight.in_features} inputs (or its rows are not contiguous)")
+    if bias is not None and bias.shape != (weight.out_features,):
+        raise ValueError(f"bias must be [{weight.out_features}], got {tuple(bias.shape)}")
+    m, n = x.shape[0], weight.out_features
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    config = dict(launch_config or w4a16_launch_config(m, n, weight.group_size, x.dtype, x.device))
+    args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(bias, x), out,
+            m, n, weight.in_features, x.stride(0), out.stride(0))
+    flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
+                 GROUP=weight.group_size, **dependent_launch(x.device, pdl))
+    if config.pop("decode"):
+        if m > config["BLOCK_M"]:
+            raise ValueError(f"the decode kernel takes at most BLOCK_M ({config['BLOCK_M']}) rows, got {m}")
+        _w4a16_decode_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](*args, **flags, **config)
+    else:
+        dot_dtype, precision = dot_config(x.dtype, x.device, kv_fp8=False)
+        grid = (triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),)
+        _w4a16_gemm_kernel[grid](*args, **flags, **config, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision)
+    return out
+
+
+def _or(tensor: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    return placeholder if tensor is None else tensor
+
+
+def w4a16_linear_ref(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, dequantize(weight), bias)
