@@ -7,6 +7,9 @@ The mixture-of-experts layer: topk_softmax routes the tokens, moe_align_block_si
 into per-expert blocks, and the grouped GEMMs moe_gate_up and moe_down run every expert in one launch each;
 fused_experts composes the last three.
 
+4-bit weights: kernels.w4a16_layout converts GPTQ, AWQ and compressed-tensors checkpoints into one W4A16Weight
+layout, and w4a16_linear multiplies by it (a GEMM for many rows, a weight stream for a few).
+
 In place: reshape_and_cache, rotary_embedding, decode_step_inputs, and prepare_qkv's cache write. Everything
 else returns new tensors.
 """
@@ -23,9 +26,12 @@ from sluice.kernels.qkv_prepare import prepare_qkv, prepare_qkv_ref
 from sluice.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from sluice.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_fp8, rms_norm_ref
 from sluice.kernels.rotary_embedding import rotary_embedding, rotary_embedding_ref
+from sluice.kernels.w4a16 import w4a16_linear, w4a16_linear_ref
+from sluice.kernels.w4a16_layout import W4A16Weight
 
 __all__ = [
     "ExpertBlocks",
+    "W4A16Weight",
     "act_and_mul",
     "act_and_mul_fp8",
     "act_and_mul_ref",
@@ -62,4 +68,6 @@ __all__ = [
     "silu_and_mul",
     "topk_softmax",
     "topk_softmax_ref",
+    "w4a16_linear",
+    "w4a16_linear_ref",
 ]

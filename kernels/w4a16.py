@@ -90,7 +90,7 @@ def _w4a16_gemm_kernel(
 def _w4a16_decode_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_out,
     HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program pid computes y[:M, cols] for output features cols = [pid * BLOCK_N, +BLOCK_N), M <= BLOCK_M: the
     features' packed words are read once, each slice dequantized once and summed against every row in float32."""
@@ -99,7 +99,7 @@ def _w4a16_decode_kernel(
     rows = tl.arange(0, BLOCK_M)
     cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # without dots, pipelined only when asked
         x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
         w = _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS, GROUP, BLOCK_K,
                                BLOCK_N).to(tl.float32)
@@ -123,7 +123,7 @@ def w4a16_launch_config(m: int, n: int, group: int, dtype: torch.dtype, device: 
     if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
         tiles = dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(group, 128), num_warps=1)
         if decode:
-            return dict(decode=True, BLOCK_M=triton.next_power_of_2(m)) | tiles
+            return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), STAGES=1) | tiles
         return dict(decode=False, BLOCK_M=min(64, max(16, triton.next_power_of_2(m))), GROUP_M=1) | tiles
     # NOTE: none of these tiles is measured yet (no GPU in the session that wrote them); the decode rule follows
     # fused_linear's measured one (a few features a program, long K slices, 4 warps), widened to 32 features so the
@@ -131,7 +131,7 @@ def w4a16_launch_config(m: int, n: int, group: int, dtype: torch.dtype, device: 
     # tests/kernels/w4a16_h200_compile.py checks each compiles for the H200 without spills, pipelined.
     if decode:
         return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=32, BLOCK_K=_block_k(group, 128),
-                    num_warps=4, num_stages=4)
+                    STAGES=3, num_warps=4)
     if m <= 32:
         config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
     elif m <= 128:
@@ -157,6 +157,8 @@ def w4a16_linear(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None
     if m == 0:
         return out
     config = dict(launch_config or w4a16_launch_config(m, n, weight.group_size, x.dtype, x.device))
+    if weight.group_size % config["BLOCK_K"]:
+        raise ValueError(f"a K slice of {config['BLOCK_K']} crosses groups of {weight.group_size}")
     args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(bias, x), out,
             m, n, weight.in_features, x.stride(0), out.stride(0))
     flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,

@@ -12,7 +12,8 @@ The layout (W4A16Weight), for a linear layer of K inputs and N outputs (nn.Linea
 - perm int32 [K] or None: with GPTQ's act-order (desc_act) a group's inputs are scattered over K; the converters sort
   the rows by group, so row j of the layout holds input perm[j] and groups are contiguous again: y = x[:, perm] @ W,
   the kernels reading x's columns through perm.
-The group size is K's multiple of 16 that the scales divide K into (a single group is per-channel quantization).
+The group size, K / G, is a multiple of 16 (the GEMM's K slices lie within a group and hold at least 16); one
+group over all of K is per-channel quantization (GPTQ's group_size -1).
 """
 from dataclasses import dataclass
 
