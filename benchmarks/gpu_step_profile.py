@@ -76,10 +76,14 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--no-dependent-launch", dest="dependent_launch", action="store_false",
+                        help="launch each kernel after the one before ends, so that the profile charges each its own "
+                             "time (with programmatic dependent launch a kernel's time includes its wait)")
     add_sampling_options(parser)
     args = parser.parse_args()
     worker = WorkerEngine.load(WorkerConfig(model=args.model, load_format="dummy", dtype="bfloat16", device="cuda",
-                                            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
+                                            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                                            dependent_launch=args.dependent_launch))
     engine = OfflineEngine(worker, max_model_len=4096, max_num_seqs=args.max_num_seqs)
     vocab_size = worker.model_config.vocab_size
     engine.generate(*_workload(4, vocab_size, 2, args))  # warm-up

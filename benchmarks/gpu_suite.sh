@@ -24,8 +24,9 @@
 #               alternating
 #   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
 #               through two, alternating, the load from two client processes
-#   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count
-#               (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 and the standard workload beside Qwen3-0.6B's
+#   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count in bf16 and
+#               FP8 (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 in FP8 and bf16 and the standard workload
+#               beside Qwen3-0.6B's
 #   window      Mistral-7B-v0.1's KV blocks in use over 8 prompts of 32k tokens, with its sliding window and without;
 #               the attention kernels of sliding and global layers in decode steps of Gemma-3-4B and gpt-oss-20b
 #               (benchmarks/sliding_window.py)
@@ -137,6 +138,12 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     moe)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_fused_moe.py 2>&1 | tail -3
       timeout 300 python3 benchmarks/fused_moe.py "$OUT/fused_moe.json" 2>&1 | grep -v Warning | tail -30
+      for scales in rows blocks; do
+        timeout 200 python3 benchmarks/fused_moe.py "$OUT/fused_moe_fp8_$scales.json" --fp8 $scales 2>&1 \
+          | grep -v Warning | tail -14
+      done
+      bench latency --model Qwen3-30B-A3B "${DUMMY[@]}" --quantization fp8 --in-process \
+        --out "$OUT/latency_Qwen3-30B-A3B_fp8_inproc.json"
       for model in Qwen3-30B-A3B Qwen3-0.6B; do
         bench latency --model $model "${DUMMY[@]}" --in-process --out "$OUT/latency_${model}_inproc.json"
         BENCH_TIMEOUT=400 bench throughput --model $model "${DUMMY[@]}" --out "$OUT/throughput_$model.json"
