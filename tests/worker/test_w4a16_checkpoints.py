@@ -145,3 +145,12 @@ def test_quantization_flag_must_name_the_checkpoints_method(checkpoints, flag, m
         WorkerEngine.load(WorkerConfig(model=str(checkpoints["gptq-sym"][0]), quantization=flag))
     engine = WorkerEngine.load(WorkerConfig(model=str(checkpoints["gptq-sym"][0]), quantization="gptq"))
     assert engine.model_config.quantization == "gptq"
+
+
+def test_triton_operators_give_the_torch_operators_tokens(checkpoints):
+    """TritonOps' w4a16_linear (the interpreter, on the CPU): the decode kernel for the one-token steps, the GEMM for
+    the prefill chunks, act-order and zero points."""
+    folder = str(checkpoints["gptq-v2-asym-desc-act"][0])
+    expected = run_greedy(WorkerEngine.load(WorkerConfig(model=folder)), PROMPTS[:2], 3, chunk=5)
+    engine = WorkerEngine.load(WorkerConfig(model=folder, kernels="triton", enforce_eager=True))
+    assert run_greedy(engine, PROMPTS[:2], 3, chunk=5) == expected
