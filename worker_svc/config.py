@@ -6,7 +6,7 @@ from sluice.core.options import option
 DTYPES = ("float32", "bfloat16", "float16")
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")  # e4m3; "auto": the model dtype
 LOAD_FORMATS = ("auto", "dummy")
-QUANTIZATIONS = ("auto", "fp8")
+QUANTIZATIONS = ("auto", "fp8", "awq", "gptq", "compressed-tensors")  # the last three: 4-bit checkpoints
 KERNELS = ("auto", "triton", "torch")
 
 
@@ -21,7 +21,8 @@ class WorkerConfig:
                                help="fp8: the decoder layers' projections and experts in e4m3 with per-channel scales, "
                                     "activations quantized per token (a GPU needs compute capability 8.9+; the CPU "
                                     "emulates it); auto: as the checkpoint stores them (a pre-quantized FP8 folder "
-                                    "is served in FP8)")
+                                    "is served in FP8, a GPTQ, AWQ or compressed-tensors 4-bit one in 4 bits); awq, "
+                                    "gptq, compressed-tensors: as auto, but the checkpoint must be of that method")
     kv_cache_dtype: str = option("auto", choices=("auto", *FP8_KV_CACHE_DTYPES),
                                  help="fp8 (fp8_e4m3): the KV cache in e4m3 with per-layer k/v scales from the "
                                       "checkpoint (1.0 where it has none), about twice the blocks of bf16 (a GPU "
@@ -63,7 +64,7 @@ class WorkerConfig:
             if getattr(self, name) not in LOAD_FORMATS:
                 raise ValueError(f"{name} must be 'auto' or 'dummy', got {getattr(self, name)!r}")
         if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be 'auto' or 'fp8', got {self.quantization!r}")
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'fp8_e4m3', got {self.kv_cache_dtype!r}")
         if self.calculate_kv_scales and self.kv_cache_dtype == "auto":

@@ -2,10 +2,11 @@ import pytest
 import torch
 
 from sluice.kernels.w4a16 import DECODE_ROWS, w4a16_launch_config, w4a16_linear, w4a16_linear_ref
-from sluice.kernels.w4a16_layout import (AWQ_ORDER, SYMMETRIC_ZERO, W4A16Weight, awq_dequantize_ref,
+from sluice.kernels.w4a16_layout import (SYMMETRIC_ZERO, W4A16Weight, awq_dequantize_ref,
                                          compressed_tensors_dequantize_ref, dequantize, from_awq,
                                          from_compressed_tensors, from_gptq, gptq_dequantize_ref, pack_int4,
                                          unpack_int4)
+from tests.kernels.w4a16_packing import to_awq, to_compressed_tensors, to_gptq, wrapped
 
 # bf16: the dequantized weight rounds once (as the reference's), the sums differ in order and, under the CPU
 # interpreter, in rounding
@@ -30,41 +31,13 @@ def _expected(q, z, scales, g_idx, dtype) -> torch.Tensor:
     return ((q - zeros).to(dtype) * scales.to(dtype)[groups]).T
 
 
-def _wrapped(words: torch.Tensor) -> torch.Tensor:
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
-
-def to_gptq(q, z, scales, v1: bool):
-    """Our GPTQ quantizer's packing: qweight along K, qzeros along N, v1 zero points minus one (borrows included)."""
-    z = torch.full_like(scales, SYMMETRIC_ZERO, dtype=torch.int64) if z is None else z
-    qzeros = pack_int4(z, 1)
-    if v1:
-        qzeros = _wrapped(((qzeros.to(torch.int64) & 0xFFFFFFFF) - 0x11111111) % 2**32)
-    return pack_int4(q, 0), qzeros
-
-
-def to_awq(values: torch.Tensor) -> torch.Tensor:
-    """AutoAWQ's packing along N: word c holds column 8c + AWQ_ORDER[i] at bits 4i."""
-    order = (torch.arange(0, values.shape[1], 8)[:, None] + torch.tensor(AWQ_ORDER)).flatten()
-    return pack_int4(values[:, order.to(values.device)], 1)
-
-
-def to_compressed_tensors(q, z):
-    """compressed-tensors' pack_to_int32: values signed in [-8, 7] (ours minus 8) stored plus 8, weights along K
-    ([N, K / 8]), zero points along N padded to a multiple of 8 ([ceil(N / 8), G])."""
-    packed = pack_int4(q.T, 1)
-    if z is None:
-        return packed, None
-    return packed, pack_int4(torch.nn.functional.pad(z.T, (0, 0, 0, -z.shape[1] % 8)), 0)
-
-
 def test_pack_round_trip(device):
     values = torch.randint(0, 16, (24, 40), device=device)
     for dim in (0, 1):
         words = pack_int4(values, dim)
         assert words.dtype == torch.int32 and words.shape[dim] == values.shape[dim] // 8
         assert torch.equal(unpack_int4(words, dim), values)
-    assert pack_int4(torch.tensor([[1, 2, 0, 0, 0, 0, 0, 15]]), 1).item() == _wrapped(torch.tensor(0xF0000021))
+    assert pack_int4(torch.tensor([[1, 2, 0, 0, 0, 0, 0, 15]]), 1).item() == wrapped(torch.tensor(0xF0000021))
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

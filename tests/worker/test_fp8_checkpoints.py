@@ -262,9 +262,11 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
 @pytest.mark.parametrize("quantization_config, named", [
     ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128]},
      r"fp8 weight_block_size \[128\]"),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quant_method 'gptq'"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "gptq with 3-bit weights"),
     ({"quant_method": "fbgemm_fp8", "activation_scale_ub": -1.0}, "fbgemm_fp8 activation_scale_ub -1.0"),
-    ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "quant_method 'awq'"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv_fast"},
+     r"awq version 'gemv_fast' \(only the GEMM packing loads\)"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "modelopt quant_algo 'NVFP4'"),
     ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "NVFP4"},
      "modelopt kv_cache_quant_algo 'NVFP4', kv_cache_scheme None"),
@@ -272,8 +274,8 @@ def test_tensor_parallel_logits_stay_close_to_one_rank(checkpoint, prompt_ids):
         "num_bits": 8, "type": "float", "strategy": "attn_head", "symmetric": True, "dynamic": False}},
      r"compressed-tensors with kv_cache_scheme \{'num_bits': 8, 'type': 'float', 'strategy': 'attn_head', .*\}"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}},
-     r"compressed-tensors format 'pack-quantized' \(group group_0\)"),
+        "weights": {"num_bits": 8, "type": "int", "strategy": "group", "group_size": 128}}}},
+     r"compressed-tensors \(group group_0\) with 8-bit weights"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}}}},
      r"compressed-tensors weights num_bits 8, type 'float', strategy 'group' \(group group_0\)"),

@@ -22,7 +22,7 @@ from typing import NoReturn
 
 _SUPPORTED = ("quant_method 'fp8', 'fbgemm_fp8', 'modelopt' (FP8) or 'compressed-tensors' with 8-bit float weights, "
               "one scale per tensor, per output channel or per block; a calibrated KV cache of 8-bit floats, one "
-              "scale per tensor")
+              "scale per tensor; 4-bit integer weights of 'gptq', 'awq' or 'compressed-tensors' (w4a16_checkpoint.py)")
 _MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 _COMPRESSED_FORMATS = ("float-quantized", "naive-quantized")
 

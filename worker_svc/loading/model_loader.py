@@ -7,6 +7,7 @@ import torch
 from sluice.worker.config import WorkerConfig
 from sluice.worker.loading.dummy_weights import dummy_checkpoint
 from sluice.worker.loading.kv_scales import with_kv_scales
+from sluice.worker.loading.w4a16_checkpoint import W4A16_METHODS
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
@@ -17,6 +18,7 @@ from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
 from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
 from sluice.worker.ops.plain_torch import TorchOps
+from sluice.worker.ops.w4a16 import as_w4a16_linears
 from sluice.worker.parallel.group import TensorParallelGroup
 
 Checkpoint = tuple[ModelConfig, dict[str, torch.Tensor]]  # a model's config and the rank's weights, worker layout
@@ -61,6 +63,7 @@ class ModelLoader:
             raise ValueError(f"a pre-quantized FP8 checkpoint of {model_config.architecture} is not supported (its "
                              "stacked experts' FP8 layout is not read): load its unquantized or MXFP4 weights with "
                              "--quantization fp8")
+        _check_quantization_flag(self.config.quantization, model_config.quantization)
         if self.config.quantization == "fp8" and model_config.quantization is None:
             model_config, state = replace(model_config, quantization="fp8"), quantize_linear_weights(state)
         state = with_kv_scales(state, model_config.num_layers)
@@ -94,6 +97,7 @@ class ModelLoader:
             model = whole_model(model_config, traits, ops) if self.group is None else \
                 rank_model(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
+            as_w4a16_linears(model, state)
             keep_stored_expert_precision(model, state)
         _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
@@ -121,6 +125,17 @@ def _check_weight_names(architecture: str, expected: set[str], given: set[str]) 
                                         ("weights missing", missing)) if names]
         raise ValueError(f"the {architecture} checkpoint does not match the worker's {architecture} model; "
                          f"{'; '.join(problems)} (supported architectures: {sorted(ARCHITECTURES)})")
+
+
+def _check_quantization_flag(flag: str, stored: str | None) -> None:
+    """--quantization names a 4-bit method only to check that the checkpoint is one (4-bit weights are read, never
+    made at load); fp8 quantizes an unquantized checkpoint, not a 4-bit one."""
+    if flag in W4A16_METHODS and flag != stored:
+        raise ValueError(f"--quantization {flag} needs a {flag} checkpoint (4-bit weights are not quantized at load); "
+                         f"this one is {stored or 'unquantized'}")
+    if flag == "fp8" and stored in W4A16_METHODS:
+        raise ValueError(f"--quantization fp8 does not quantize a 4-bit ({stored}) checkpoint again: serve it with "
+                         f"--quantization auto or {stored}")
 
 
 def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:

@@ -1,5 +1,5 @@
-"""Weights from a Hugging Face folder (config.json + safetensors, pre-quantized FP8 and MXFP4 experts included) or a
-GGUF file, renamed to the worker's layout."""
+"""Weights from a Hugging Face folder (config.json + safetensors, pre-quantized FP8, 4-bit and MXFP4 experts included)
+or a GGUF file, renamed to the worker's layout."""
 import dataclasses
 import json
 import logging
@@ -14,6 +14,7 @@ from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channe
 from sluice.worker.loading.mxfp4 import BLOCKS, SCALES, dequantized_projection, is_mxfp4, mxfp4_scales
 from sluice.worker.loading.named_tensors import tensors_ending_with
 from sluice.worker.loading.stacked_experts import arrange_stacked_experts
+from sluice.worker.loading.w4a16_checkpoint import fuse_w4a16, layout_tensors, shard_w4a16, w4a16_scheme
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
@@ -35,15 +36,21 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                     expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
     again per channel, but an expert's, which keeps its blocks; MXFP4 experts whole, to dequantize them). A
-    quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py). A weight
+    quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py,
+    w4a16_checkpoint.py). A 4-bit projection's tensors are read whole, converted once to the W4A16 layout, then cut to
+    the rank's slice. A weight
     stored under transformers' module name (model.language_model.*) is read as the published name (model.*)."""
     from safetensors import safe_open
 
     hf_config = json.loads((folder / "config.json").read_text())
     hf_config["quantization_config"] = quantization_config(folder, hf_config)
-    mxfp4 = is_mxfp4(hf_config)
-    quantization, block = None if mxfp4 else checkpoint_quantization(hf_config), weight_block_size(hf_config)
+    mxfp4, w4a16 = is_mxfp4(hf_config), w4a16_scheme(hf_config)
+    quantization = w4a16.method if w4a16 else None if mxfp4 else checkpoint_quantization(hf_config)
+    block = weight_block_size(hf_config)
     config = ModelConfig.from_hf(hf_config)
+    if w4a16 and config.moe is not None:
+        raise ValueError(f"4-bit ({w4a16.method}) checkpoints of mixtures of experts ({config.architecture}) are not "
+                         "supported: the fused MoE kernels do not read 4-bit experts")
     config = dataclasses.replace(config, quantization=quantization,
                                  activation_absmax_bound=activation_absmax_bound(hf_config),
                                  expert_weight_block=None if config.moe is None else block)
@@ -57,10 +64,15 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
         log.warning("block-wise FP8 weights (blocks of %d x %d) are quantized again per output channel, but a "
                     "mixture's experts: a little less accurate than the checkpoint", *block)
     state: dict[str, torch.Tensor] = {}
+    packed: dict[str, dict[str, torch.Tensor]] = {}  # a 4-bit projection's stored tensors, by their suffix
     for shard in files:
         with safe_open(shard, framework="pt") as file:
             for stored in file.keys():
                 name = published_name(stored, prefixes)
+                module, _, suffix = name.rpartition(".")
+                if w4a16 and suffix in w4a16.tensor_names:
+                    packed.setdefault(module, {})[suffix] = file.get_tensor(stored)
+                    continue
                 if mxfp4 and name.endswith(SCALES):
                     continue
                 if mxfp4 and name.endswith(BLOCKS):
@@ -85,6 +97,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                         lambda piece: part[(slice(None),) * piece.dim + (slice(piece.start, piece.stop),)], pieces)
     if not state:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
+    for module in list(packed):  # one projection at a time: converted, then cut to the rank's slice
+        state.update(layout_tensors(module, shard_w4a16(layout, module, w4a16.convert(packed.pop(module)))))
     return config, to_worker_layout(state, config)
 
 
@@ -129,10 +143,14 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
         elif config.has_experts(layer):
             stack_experts(state, prefix, traits, config.moe.num_experts)
         for fused, parts in FUSED_PROJECTIONS.items():
-            if f"{prefix}{parts[0]}.weight" not in state:  # fused as published, or a layer without it
-                continue
+            if not {f"{prefix}{parts[0]}.weight", f"{prefix}{parts[0]}.qweight"} & state.keys():
+                continue  # fused as published, or a layer without it
             _check_one_precision(state, prefix, parts)
-            for kind in ("weight", "weight_scale", "bias"):
+            kinds = ("weight", "weight_scale", "bias")
+            if f"{prefix}{parts[0]}.qweight" in state:
+                fuse_w4a16(state, [f"{prefix}{part}" for part in parts], f"{prefix}{fused}")
+                kinds = ("bias",)
+            for kind in kinds:
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in state:
                     state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(name) for name in names])
@@ -185,8 +203,10 @@ def _check_experts_precision(state: dict[str, torch.Tensor], names: list[str]) -
 
 
 def _check_one_precision(state: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> None:
-    """The projections fused into one are all FP8 or all unquantized (an ignore list names all of them or none)."""
-    dtypes = {part: state[f"{prefix}{part}.weight"].dtype for part in parts}
+    """The projections fused into one are all FP8, all 4-bit or all unquantized (an ignore list names all of them or
+    none)."""
+    dtypes = {part: "int4" if f"{prefix}{part}.qweight" in state else state[f"{prefix}{part}.weight"].dtype
+              for part in parts}
     if len(set(dtypes.values())) > 1:
         stored = ", ".join(f"{prefix}{part} in {dtype}" for part, dtype in dtypes.items())
         raise ValueError(f"the projections fused into one must share a precision; the checkpoint stores {stored}")

@@ -38,7 +38,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
-    quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py)
+    quantization: str | None = None  # "fp8": the decoder layers' projections hold e4m3 weights (ops/fp8.py); "awq",
+    # "gptq", "compressed-tensors": a 4-bit checkpoint's, int4 where it stores them so (ops/w4a16.py)
     activation_absmax_bound: float | None = None  # fbgemm_fp8's activation_scale_ub (fp8.quantize_rows)
     expert_weight_block: tuple[int, int] | None = None  # FP8 experts' blocks (rows, columns); None: a scale a row
     moe: MoeConfig | None = None  # the mixture-of-experts layers, of an MoE architecture

@@ -9,11 +9,13 @@ from torch import nn
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8, to_fp8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
+from sluice.worker.ops.w4a16 import W4A16Linear
 
 
 class TorchOps:
     """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path. Linear layers are
-    nn.Linear or fp8.Fp8Linear modules; fp8_gemm computes the latter. KV caches are in the model dtype, or e4m3
+    nn.Linear, fp8.Fp8Linear (fp8_gemm computes them) or w4a16.W4A16Linear modules (dequantized, then multiplied,
+    as kernels.w4a16_linear_ref does). KV caches are in the model dtype, or e4m3
     with a float32 k_scale / v_scale each (stored = x / scale, read back as stored * scale in float32)."""
 
     def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear):
@@ -35,6 +37,10 @@ class TorchOps:
         return self.rms_norm(residual, weight, eps, gemma_norm), residual
 
     def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        if isinstance(layer, W4A16Linear):
+            from sluice.kernels.w4a16 import w4a16_linear_ref  # imports Triton: only where a 4-bit model runs
+
+            return w4a16_linear_ref(x, layer.w4a16, layer.bias)
         if layer.weight.dtype == FP8:
             return self.fp8_gemm(x, layer.weight, layer.weight_scale, layer.bias)
         return F.linear(x, layer.weight, layer.bias)

@@ -10,6 +10,7 @@ from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, QuantizedRows, emulated_fp8_linear
 from sluice.worker.ops.plain_torch import TorchOps
+from sluice.worker.ops.w4a16 import W4A16Linear
 
 
 def _is_one_row(x: torch.Tensor) -> bool:
@@ -60,12 +61,16 @@ class TritonOps(TorchOps):
                 gated = kernels.act_and_mul_fp8(x.gate_up, x.activation, **options)
                 return self._fp8_product(*gated, x.gate_up, layer)
             x = self.act_and_mul(x.gate_up, x.activation)
+        if isinstance(layer, W4A16Linear):
+            return kernels.w4a16_linear(x, layer.w4a16, layer.bias)
         if _is_one_row(x):
             return kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer), pdl=self.pdl)[0]
         return super().linear(x, layer)
 
     def norm_linear(self, x, residual, norm_weight, eps, layer, gated=False, out_dtype=None, gemma_norm=False,
                     activation="silu"):
+        if isinstance(layer, W4A16Linear):  # the norm's kernels, then w4a16_linear's
+            return super().norm_linear(x, residual, norm_weight, eps, layer, gated, out_dtype, gemma_norm, activation)
         if _is_one_row(x):
             y, new_residual = kernels.fused_linear(x, layer.weight, layer.bias, weight_scale=_weight_scale(layer),
                                                    norm_weight=norm_weight, eps=eps, residual=residual, gated=gated,
