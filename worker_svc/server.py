@@ -22,8 +22,8 @@ log = logging.getLogger("sluice.worker")
 
 async def serve(config: WorkerConfig, address: str, operations: Operations) -> None:
     """Listens at once and reports NOT_SERVING while the ranks meet and the model loads; on shutdown, drains the
-    requests it holds. A tensor-parallel rank whose step fails (a lost or stuck peer) raises: its group is broken,
-    and the ranks serve again only once all of them start over."""
+    requests it holds while their scheduler streams steps. A tensor-parallel rank whose step fails (a lost or stuck
+    peer) raises: its group is broken, and the ranks serve again only once all of them start over."""
     log.info("worker settings: %s", " ".join(as_flags(config, WorkerConfig)))
     async with Service([SERVICE_NAME], "sluice-worker", operations) as service:
         port = await service.start(address)
@@ -39,7 +39,7 @@ async def serve(config: WorkerConfig, address: str, operations: Operations) -> N
         log.info("worker rank %d of %d serving %s on port %d", config.rank, config.tensor_parallel_size,
                  config.model, port)
         await service.wait_for_shutdown(*([servicer.group_broken] if group is not None else []))
-        drained = await service.drain(lambda: engine.num_live_requests == 0)
+        drained = await service.drain(lambda: not servicer.holds_requests)
         log.info("worker drained" if drained else "worker drain timed out; stopping")
 
 

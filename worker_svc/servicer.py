@@ -24,6 +24,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._steps_inline = engine.device.type == "cuda"
         # fails when a step of a tensor-parallel rank fails: the ranks' collectives are out of step for good
         self.group_broken: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._num_streams = 0  # Execute streams open
+
+    @property
+    def holds_requests(self) -> bool:
+        """Whether a scheduler streams steps and the engine holds requests it sent. Once its stream ends, they are
+        state no step reads (a scheduler that connects again sets the cache up anew), which a drain does not wait
+        for: a scheduler stopped right after a request ended may not have told the worker that it had."""
+        return self._num_streams > 0 and self.engine.num_live_requests > 0
 
     async def GetInfo(self, request: pb.GetInfoRequest, context) -> pb.WorkerInfo:
         config = self.engine.model_config
@@ -52,6 +60,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         device before step N's sampled tokens reach the host."""
         launched: asyncio.Queue = asyncio.Queue()
         launcher = asyncio.create_task(self._launch_each(request_iterator, launched))
+        self._num_streams += 1
         try:
             while (item := await launched.get()) is not None:
                 plan, step, started = item
@@ -66,6 +75,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise
         finally:
             launcher.cancel()
+            self._num_streams -= 1
 
     def _break_group(self, error: Exception) -> None:
         """A tensor-parallel rank that failed a call may have left its peers inside a collective: the group is
