@@ -1,20 +1,43 @@
 """The served greedy check of a model through the real services: token-identical to a reference (Hugging Face, or
 the worker's engine in process) alone, as samples forked over a KV pool too small for them (preemption), and under 8
-requests at once with prefix-cache hits; its logprobs."""
+requests at once with prefix-cache hits; its logprobs; and its structured output, for a tiny model of the serving
+tokenizer's vocabulary."""
+import json
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 
+from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
+from tests.e2e.hf_reference import hf_constrained_greedy
 from tests.worker.stepping import run_greedy
 
 MAX_NEW_TOKENS = 12
 SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 requests of 2 or 3 blocks need
 SAMPLES_OVER_THE_POOL, FORKED_TOKENS = 4, 24  # forked together, each growing into a third block: 9 blocks
 NUM_TOP = 3
+NGRAM = ["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1", "--ngram-max", "3"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,4}$"},  # no escapes: at most 4 characters
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "city": {"enum": ["Paris", "Rome", "Oslo"]},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+JSON_MAX_TOKENS = 40  # PERSON_SCHEMA's longest value has 39 characters; after a prompt of QUOTE, Phi-4-mini's 48
+SAMPLED_SEEDS = range(3)
+QUOTE = "31415926"  # one token a digit: a grammar that spells it allows one token a step
+QUOTING_PROMPT = QUOTE * 3  # 24 tokens: past test_phi3_serving's LongRoPE switch (16)
+QUOTING_REGEX, QUOTING_MAX_TOKENS = QUOTE + "[a-z]{4}", 16  # the digits, four letters' tokens at most, and EOS
 
 
 def token_request(prompt_ids: list[int], max_tokens: int = MAX_NEW_TOKENS, **sampling) -> pb.GenerateRequest:
@@ -71,3 +94,33 @@ def assert_served_logprobs_match_hf(services, hf, prompt: list[int]) -> None:
         assert entry.logprob == pytest.approx(expected[position, entry.token_id].item(), abs=1e-4)
         assert [token_id for token_id, _, _ in entry.top] == top_ids.tolist()
         assert [value for _, _, value in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)
+
+
+def copy_tokenizer(tokenizer_dir: Path, folder: Path) -> Path:
+    """The checkpoint folder, given the tokenizer the router reads and the worker's grammars read."""
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_dir / name, folder / name)
+    return folder
+
+
+def assert_structured_output_holds(services, hf, hf_tokenizer) -> None:
+    """JSON that PERSON_SCHEMA accepts, greedy and sampled; and under QUOTING_REGEX, Hugging Face's greedy tokens
+    under the same masks (ngram proposes each next digit from the prompt, and it is taken)."""
+    _assert_json_schema_holds(services, hf_tokenizer(QUOTE).input_ids)
+    prompt = hf_tokenizer(QUOTING_PROMPT).input_ids
+    reference = hf_constrained_greedy(hf, hf_tokenizer, QUOTING_REGEX, prompt, QUOTING_MAX_TOKENS)
+    result = services.client.generate(token_request(prompt, QUOTING_MAX_TOKENS, regex=QUOTING_REGEX))
+    assert (result.token_ids, result.finish_reason) == (reference, "stop")
+
+
+def _assert_json_schema_holds(services, prompt: list[int]) -> None:
+    schema = json.dumps(PERSON_SCHEMA)
+    requests = [pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt),
+                                   sampling=sampling_params(json_schema=schema, max_tokens=JSON_MAX_TOKENS,
+                                                            temperature=temperature, seed=seed))
+                for temperature, seed in [(0.0, 0), *((1.0, seed) for seed in SAMPLED_SEEDS)]]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(services.client.generate, requests))
+    for result in results:
+        assert result.finish_reason == "stop", result.text
+        jsonschema.validate(json.loads(result.text), PERSON_SCHEMA)

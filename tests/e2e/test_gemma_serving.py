@@ -1,13 +1,14 @@
-"""Gemma 2 and Gemma 3 served through the real services (random weights, token ids in and out), with windows shorter
-than the prompts in their sliding-window layers: Hugging Face's greedy tokens alone, forked over a small KV pool
-(preemption) and 8 at once with prefix-cache hits, and its soft-capped log probabilities, on one worker (proposing
-by ngram) and at -tp 2."""
+"""Gemma 2 and Gemma 3 served through the real services (random weights of the serving tokenizer's vocabulary, token
+ids in and out), with windows shorter than the prompts in their sliding-window layers: Hugging Face's greedy tokens
+alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, its soft-capped log
+probabilities, and JSON their schema accepts, on one worker (proposing by ngram) and at -tp 2."""
 from functools import partial
 
 import pytest
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
+                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
                                      saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
@@ -15,24 +16,28 @@ from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, livel
 pytestmark = pytest.mark.slow
 
 PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
-NGRAM = ["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1", "--ngram-max", "3"]
 PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict:
-    return {family: saved_checkpoint(tmp_path_factory.mktemp(family), gemma_config(family),
-                                     lively_gemma_state(gemma_config(family))) for family in GEMMA_FAMILIES}
+def checkpoints(tmp_path_factory, default_model_dir, hf_tokenizer) -> dict:
+    built = {}
+    for family in GEMMA_FAMILIES:
+        hf_config = {**gemma_config(family), "vocab_size": len(hf_tokenizer)}
+        folder = copy_tokenizer(default_model_dir, tmp_path_factory.mktemp(family))
+        built[family] = saved_checkpoint(folder, hf_config, lively_gemma_state(hf_config))
+    return built
 
 
 @pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
 @pytest.mark.parametrize("family", sorted(GEMMA_FAMILIES))
-def test_served_gemma_matches_hf(checkpoints, family, parallelism):
+def test_served_gemma_matches_hf(checkpoints, family, parallelism, hf_tokenizer):
     folder, hf = checkpoints[family]
     scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
-    with running_services(folder, [*scheduler_args, *SMALL_POOL], router_args=["--no-tokenizer"],
+    with running_services(folder, [*scheduler_args, *SMALL_POOL],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
         assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
-        if scheduler_args:  # verifications took proposals, reading their windows as decode rows do
+        assert_structured_output_holds(services, hf, hf_tokenizer)
+        if scheduler_args:  # the quote's verifications took proposals, reading their windows as decode rows do
             assert services.load().num_accepted_tokens > 0

@@ -1,7 +1,8 @@
-"""gpt-oss served through the real services (random weights, MXFP4 experts, token ids in and out), with a window
-shorter than the prompts in every other layer, sinks, biased experts and YaRN rope: Hugging Face's greedy tokens alone,
-forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on one worker and at -tp 2; with
-`--quantization fp8` on one worker, the tokens the worker's engine generates in process in FP8."""
+"""gpt-oss served through the real services (random weights of the serving tokenizer's vocabulary, MXFP4 experts,
+token ids in and out), with a window shorter than the prompts in every other layer, sinks, biased experts and YaRN
+rope: Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache
+hits, and JSON its schema accepts, on one worker (proposing by ngram) and at -tp 2; with `--quantization fp8` on one
+worker, the tokens the worker's engine generates in process in FP8."""
 from functools import partial
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
+                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
                                      engine_greedy)
 from tests.e2e.services import running_services
 from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
@@ -17,28 +19,34 @@ from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_st
 pytestmark = pytest.mark.slow
 
 PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, default_model_dir, hf_tokenizer):
     """(the MXFP4 checkpoint's folder, Hugging Face's model of its dequantized weights)."""
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    folder = tmp_path_factory.mktemp("gpt-oss")
-    packed, dequantized = mxfp4_checkpoint(gpt_oss_state())
+    hf_config = {**TINY_GPT_OSS, "vocab_size": len(hf_tokenizer)}
+    folder = copy_tokenizer(default_model_dir, tmp_path_factory.mktemp("gpt-oss"))
+    packed, dequantized = mxfp4_checkpoint(gpt_oss_state(hf_config))
     save_file(packed, folder / "model.safetensors")
-    AutoConfig.for_model(**TINY_GPT_OSS, quantization_config=MXFP4).save_pretrained(folder)
-    return folder, _hf_model(TINY_GPT_OSS, dequantized)
+    AutoConfig.for_model(**hf_config, quantization_config=MXFP4).save_pretrained(folder)
+    return folder, _hf_model(hf_config, dequantized)
 
 
-@pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])
-def test_served_gpt_oss_matches_hf(checkpoint, tensor_parallel_size):
+@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
+def test_served_gpt_oss_matches_hf(checkpoint, parallelism, hf_tokenizer):
     folder, hf = checkpoint
-    with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"],
+    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    with running_services(folder, [*scheduler_args, *SMALL_POOL],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
         assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
+        assert_structured_output_holds(services, hf, hf_tokenizer)
+        if scheduler_args:  # the quote's verifications took proposals
+            assert services.load().num_accepted_tokens > 0
 
 
 def test_served_fp8_gpt_oss_generates_what_the_fp8_engine_does(checkpoint):

@@ -1,14 +1,16 @@
-"""Phi-3 served through the real services (random weights published as Phi-3 publishes them, q/k/v and gate/up
-fused; token ids in and out): Phi-4-mini's partial rotary, tied embeddings and LongRoPE below its switch (a max model
-length within original_max_position_embeddings), and Phi-3's LongRoPE past it (prompts longer than that), give
-Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, on
-one worker and at -tp 2 (each rank reading its heads' rows of the fused projections)."""
+"""Phi-3 served through the real services (random weights of the serving tokenizer's vocabulary, published as Phi-3
+publishes them, q/k/v and gate/up fused; token ids in and out): Phi-4-mini's partial rotary, tied embeddings and
+LongRoPE below its switch (a max model length within original_max_position_embeddings), and Phi-3's LongRoPE past it
+(prompts longer than that), give Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at
+once with prefix-cache hits, and JSON their schema accepts, on one worker (proposing by ngram) and at -tp 2 (each
+rank reading its heads' rows of the fused projections)."""
 from functools import partial
 
 import pytest
 
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (SMALL_POOL, assert_matches_alone_and_together, assert_served_logprobs_match_hf,
+from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
+                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
                                      saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_moe_families import lively_state
@@ -21,20 +23,28 @@ SERVED = {  # the config, and the scheduler's flags
     "phi4-mini": (PHI3_FAMILIES["phi4-mini"], ["--max-model-len", str(ORIGINAL_MAX)]),  # every request below it
     "phi3-longrope": ({**PHI3_FAMILIES["phi3-longrope"], "original_max_position_embeddings": 16}, []),  # 22 > 16
 }
+PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict:
-    configs = {family: {**TINY_PHI3, **options} for family, (options, _) in SERVED.items()}
-    return {family: saved_checkpoint(tmp_path_factory.mktemp(family), hf_config, lively_state(hf_config))
-            for family, hf_config in configs.items()}
+def checkpoints(tmp_path_factory, default_model_dir, hf_tokenizer) -> dict:
+    built = {}
+    for family, (options, _) in SERVED.items():
+        hf_config = {**TINY_PHI3, **options, "vocab_size": len(hf_tokenizer)}
+        folder = copy_tokenizer(default_model_dir, tmp_path_factory.mktemp(family))
+        built[family] = saved_checkpoint(folder, hf_config, lively_state(hf_config))
+    return built
 
 
-@pytest.mark.parametrize("tensor_parallel_size", [1, 2], ids=["one-worker", "tp2"])
+@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
 @pytest.mark.parametrize("family", sorted(SERVED))
-def test_served_phi3_matches_hf(checkpoints, family, tensor_parallel_size):
+def test_served_phi3_matches_hf(checkpoints, family, parallelism, hf_tokenizer):
     folder, hf = checkpoints[family]
-    with running_services(folder, SMALL_POOL + SERVED[family][1], router_args=["--no-tokenizer"],
+    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    with running_services(folder, [*scheduler_args, *SMALL_POOL, *SERVED[family][1]],
                           tensor_parallel_size=tensor_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
         assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
+        assert_structured_output_holds(services, hf, hf_tokenizer)
+        if scheduler_args:  # the quote's verifications took proposals
+            assert services.load().num_accepted_tokens > 0
