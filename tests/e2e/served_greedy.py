@@ -6,6 +6,7 @@ import json
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import jsonschema
@@ -14,7 +15,7 @@ import torch
 
 from sluice.client import sampling_params
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_constrained_greedy
+from tests.e2e.hf_reference import hf_constrained_greedy, hf_greedy
 from tests.worker.stepping import run_greedy
 
 MAX_NEW_TOKENS = 12
@@ -22,6 +23,8 @@ SMALL_POOL = ["--num-blocks", "6", "--block-size", "16"]  # fewer than 8 request
 SAMPLES_OVER_THE_POOL, FORKED_TOKENS = 4, 24  # forked together, each growing into a third block: 9 blocks
 NUM_TOP = 3
 NGRAM = ["--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1", "--ngram-max", "3"]
+FAMILY_PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
+ONE_WORKER_AND_TP2 = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 PERSON_SCHEMA = {
     "type": "object",
@@ -124,3 +127,13 @@ def _assert_json_schema_holds(services, prompt: list[int]) -> None:
     for result in results:
         assert result.finish_reason == "stop", result.text
         jsonschema.validate(json.loads(result.text), PERSON_SCHEMA)
+
+
+def assert_family_served_like_hf(services, hf, hf_tokenizer, proposing: bool) -> None:
+    """A served family's checks: Hugging Face's greedy tokens alone, forked and 8 at once, its logprobs, and its
+    structured output; with ngram proposing (proposing), the quote's verifications took proposals."""
+    assert_matches_alone_and_together(services, partial(hf_greedy, hf), FAMILY_PROMPTS)
+    assert_served_logprobs_match_hf(services, hf, FAMILY_PROMPTS[3])
+    assert_structured_output_holds(services, hf, hf_tokenizer)
+    if proposing:
+        assert services.load().num_accepted_tokens > 0

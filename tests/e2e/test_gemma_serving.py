@@ -2,21 +2,16 @@
 ids in and out), with windows shorter than the prompts in their sliding-window layers: Hugging Face's greedy tokens
 alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache hits, its soft-capped log
 probabilities, and JSON their schema accepts, on one worker (proposing by ngram) and at -tp 2."""
-from functools import partial
 
 import pytest
 
-from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
-                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
+from tests.e2e.served_greedy import (ONE_WORKER_AND_TP2, SMALL_POOL, assert_family_served_like_hf, copy_tokenizer,
                                      saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_gemma_families import GEMMA_FAMILIES, gemma_config, lively_gemma_state
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
-PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +24,11 @@ def checkpoints(tmp_path_factory, default_model_dir, hf_tokenizer) -> dict:
     return built
 
 
-@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
+@pytest.mark.parametrize("parallelism", sorted(ONE_WORKER_AND_TP2))
 @pytest.mark.parametrize("family", sorted(GEMMA_FAMILIES))
 def test_served_gemma_matches_hf(checkpoints, family, parallelism, hf_tokenizer):
     folder, hf = checkpoints[family]
-    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    scheduler_args, tensor_parallel_size = ONE_WORKER_AND_TP2[parallelism]
     with running_services(folder, [*scheduler_args, *SMALL_POOL],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
-        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
-        assert_structured_output_holds(services, hf, hf_tokenizer)
-        if scheduler_args:  # the quote's verifications took proposals, reading their windows as decode rows do
-            assert services.load().num_accepted_tokens > 0
+        assert_family_served_like_hf(services, hf, hf_tokenizer, proposing=bool(scheduler_args))

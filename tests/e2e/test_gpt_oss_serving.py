@@ -3,23 +3,18 @@ token ids in and out), with a window shorter than the prompts in every other lay
 rope: Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at once with prefix-cache
 hits, and JSON its schema accepts, on one worker (proposing by ngram) and at -tp 2; with `--quantization fp8` on one
 worker, the tokens the worker's engine generates in process in FP8."""
-from functools import partial
 
 import pytest
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
-                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
-                                     engine_greedy)
+from tests.e2e.served_greedy import (FAMILY_PROMPTS, ONE_WORKER_AND_TP2, SMALL_POOL, assert_family_served_like_hf,
+                                     assert_matches_alone_and_together, copy_tokenizer, engine_greedy)
 from tests.e2e.services import running_services
 from tests.worker.test_gpt_oss import MXFP4, TINY_GPT_OSS, _hf_model, gpt_oss_state, mxfp4_checkpoint
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
-PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +31,13 @@ def checkpoint(tmp_path_factory, default_model_dir, hf_tokenizer):
     return folder, _hf_model(hf_config, dequantized)
 
 
-@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
+@pytest.mark.parametrize("parallelism", sorted(ONE_WORKER_AND_TP2))
 def test_served_gpt_oss_matches_hf(checkpoint, parallelism, hf_tokenizer):
     folder, hf = checkpoint
-    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    scheduler_args, tensor_parallel_size = ONE_WORKER_AND_TP2[parallelism]
     with running_services(folder, [*scheduler_args, *SMALL_POOL],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
-        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
-        assert_structured_output_holds(services, hf, hf_tokenizer)
-        if scheduler_args:  # the quote's verifications took proposals
-            assert services.load().num_accepted_tokens > 0
+        assert_family_served_like_hf(services, hf, hf_tokenizer, proposing=bool(scheduler_args))
 
 
 def test_served_fp8_gpt_oss_generates_what_the_fp8_engine_does(checkpoint):
@@ -55,4 +46,4 @@ def test_served_fp8_gpt_oss_generates_what_the_fp8_engine_does(checkpoint):
     engine = WorkerEngine.load(WorkerConfig(model=str(folder), quantization="fp8"))
     with running_services(folder, SMALL_POOL, ["--quantization", "fp8"], router_args=["--no-tokenizer"]) as services:
         assert services.client.model_info().quantization == "fp8"
-        assert_matches_alone_and_together(services, engine_greedy(engine, TINY_GPT_OSS["eos_token_id"]), PROMPTS)
+        assert_matches_alone_and_together(services, engine_greedy(engine, TINY_GPT_OSS["eos_token_id"]), FAMILY_PROMPTS)

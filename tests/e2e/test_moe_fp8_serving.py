@@ -7,9 +7,8 @@ weights cannot give Hugging Face's float tokens; the folder leaves its row-paral
 import pytest
 
 from sluice.worker.config import WorkerConfig
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, engine_greedy
+from tests.e2e.served_greedy import FAMILY_PROMPTS, SMALL_POOL, assert_matches_alone_and_together, engine_greedy
 from tests.e2e.services import running_services
-from tests.e2e.test_moe_serving import PROMPTS
 from tests.worker.fp8_checkpoints import write_fp8_checkpoint
 from tests.worker.test_moe_families import TINY_MOE, load_engine, write_tiny_moe
 from tests.worker.test_moe_fp8 import BLOCK, ROW_PARALLEL
@@ -28,4 +27,4 @@ def test_served_fp8_experts_at_tp2_generate_what_one_rank_does(folder):
     greedy = engine_greedy(load_engine(folder, WorkerConfig(model=str(folder))), TINY_MOE["eos_token_id"])
     with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
         assert services.client.model_info().quantization == "fp8"
-        assert_matches_alone_and_together(services, greedy, PROMPTS)
+        assert_matches_alone_and_together(services, greedy, FAMILY_PROMPTS)

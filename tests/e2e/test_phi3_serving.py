@@ -4,13 +4,10 @@ LongRoPE below its switch (a max model length within original_max_position_embed
 (prompts longer than that), give Hugging Face's greedy tokens alone, forked over a small KV pool (preemption) and 8 at
 once with prefix-cache hits, and JSON their schema accepts, on one worker (proposing by ngram) and at -tp 2 (each
 rank reading its heads' rows of the fused projections)."""
-from functools import partial
 
 import pytest
 
-from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (NGRAM, SMALL_POOL, assert_matches_alone_and_together,
-                                     assert_served_logprobs_match_hf, assert_structured_output_holds, copy_tokenizer,
+from tests.e2e.served_greedy import (ONE_WORKER_AND_TP2, SMALL_POOL, assert_family_served_like_hf, copy_tokenizer,
                                      saved_checkpoint)
 from tests.e2e.services import running_services
 from tests.worker.test_moe_families import lively_state
@@ -18,12 +15,10 @@ from tests.worker.test_phi3_family import ORIGINAL_MAX, PHI3_FAMILIES, TINY_PHI3
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
 SERVED = {  # the config, and the scheduler's flags
     "phi4-mini": (PHI3_FAMILIES["phi4-mini"], ["--max-model-len", str(ORIGINAL_MAX)]),  # every request below it
     "phi3-longrope": ({**PHI3_FAMILIES["phi3-longrope"], "original_max_position_embeddings": 16}, []),  # 22 > 16
 }
-PARALLELISM = {"one-worker-ngram": (NGRAM, 1), "tp2": ((), 2)}  # scheduler flags, ranks
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +31,11 @@ def checkpoints(tmp_path_factory, default_model_dir, hf_tokenizer) -> dict:
     return built
 
 
-@pytest.mark.parametrize("parallelism", sorted(PARALLELISM))
+@pytest.mark.parametrize("parallelism", sorted(ONE_WORKER_AND_TP2))
 @pytest.mark.parametrize("family", sorted(SERVED))
 def test_served_phi3_matches_hf(checkpoints, family, parallelism, hf_tokenizer):
     folder, hf = checkpoints[family]
-    scheduler_args, tensor_parallel_size = PARALLELISM[parallelism]
+    scheduler_args, tensor_parallel_size = ONE_WORKER_AND_TP2[parallelism]
     with running_services(folder, [*scheduler_args, *SMALL_POOL, *SERVED[family][1]],
                           tensor_parallel_size=tensor_parallel_size) as services:
-        assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
-        assert_served_logprobs_match_hf(services, hf, PROMPTS[3])
-        assert_structured_output_holds(services, hf, hf_tokenizer)
-        if scheduler_args:  # the quote's verifications took proposals
-            assert services.load().num_accepted_tokens > 0
+        assert_family_served_like_hf(services, hf, hf_tokenizer, proposing=bool(scheduler_args))
