@@ -5,6 +5,8 @@ A pre-quantized GPTQ, AWQ or compressed-tensors checkpoint's projections arrive 
 .perm (act-order); as_w4a16_linears swaps the model's nn.Linear for a W4A16Linear of the same tensors before the
 state is loaded. TorchOps dequantizes and multiplies (w4a16_linear_ref), TritonOps runs w4a16_linear.
 """
+import functools
+
 import torch
 from torch import nn
 
@@ -23,9 +25,10 @@ class W4A16Linear(nn.Module):
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.int32, device=device) if perm else None)
         self.bias = nn.Parameter(torch.empty(out_features, device=device), requires_grad=False) if bias else None
 
-    @property
+    @functools.cached_property
     def w4a16(self):
-        """The layer's weight as the kernels take it (a W4A16Weight, checked)."""
+        """The layer's weight as the kernels take it (a W4A16Weight, checked once: the buffers are set at load and
+        never replaced), so a step's linears pay no checks."""
         from sluice.kernels.w4a16_layout import W4A16Weight  # imports Triton: only where a 4-bit model runs
 
         return W4A16Weight(self.qweight, self.scales, self.zeros, self.perm)
