@@ -85,6 +85,33 @@ def dequantize(weight: W4A16Weight) -> torch.Tensor:
     return w.T
 
 
+def round_to_nearest(weight: torch.Tensor, group: int, sym: bool, g_idx: torch.Tensor | None = None,
+                     scale_dtype: torch.dtype | None = None):
+    """Round to nearest of weight [N, K] (nn.Linear's) in groups of `group` inputs: (q [K, N] in [0, 15], zero points
+    [G, N] or None (sym: 8), scales [G, N] in scale_dtype, the weight's by default), each group's scale from its
+    absolute maximum (sym) or its range. g_idx [K]: the group of each input; None: inputs in order."""
+    wt = weight.T.float()
+    k, n = wt.shape
+    groups = torch.arange(k, device=wt.device) // group if g_idx is None else g_idx.long()
+    shape, index = (k // group, n), groups[:, None].expand_as(wt)
+    high = torch.full(shape, -torch.inf, device=wt.device).scatter_reduce(0, index, wt, "amax")
+    low = torch.full(shape, torch.inf, device=wt.device).scatter_reduce(0, index, wt, "amin")
+    if sym:
+        scales, zeros = (torch.maximum(high, -low) / 7).clamp_min(1e-6).to(scale_dtype or weight.dtype), None
+        z = torch.full(shape, SYMMETRIC_ZERO, device=wt.device)
+    else:
+        scales = ((high - low) / 15).clamp_min(1e-6).to(scale_dtype or weight.dtype)
+        zeros = z = (-low / scales.float()).round().clamp(0, 15).long()
+    q = (wt / scales.float()[groups]).round().long().add(z[groups]).clamp(0, 15)
+    return q, zeros, scales
+
+
+def quantize(weight: torch.Tensor, group: int, sym: bool) -> W4A16Weight:
+    """weight [N, K] rounded to nearest (round_to_nearest) in the layout, its inputs in order."""
+    q, zeros, scales = round_to_nearest(weight, group, sym)
+    return _canonical(q, scales, zeros, None, None)
+
+
 def _canonical(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, g_idx: torch.Tensor | None,
                dtype: torch.dtype | None) -> W4A16Weight:
     """The layout of q [K, N] in [0, 15], scales and zeros [G, N] (zeros in [0, 15]) and the group of each input

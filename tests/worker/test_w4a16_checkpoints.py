@@ -154,3 +154,20 @@ def test_triton_operators_give_the_torch_operators_tokens(checkpoints):
     expected = run_greedy(WorkerEngine.load(WorkerConfig(model=folder)), PROMPTS[:2], 3, chunk=5)
     engine = WorkerEngine.load(WorkerConfig(model=folder, kernels="triton", enforce_eager=True))
     assert run_greedy(engine, PROMPTS[:2], 3, chunk=5) == expected
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_dummy_weights_in_4_bits_are_the_dummy_weights_rounded_to_nearest(method):
+    from sluice.kernels.w4a16_layout import dequantize
+
+    unquantized = WorkerEngine.load(WorkerConfig(model="SmolLM2-tiny", load_format="dummy"))
+    engine = WorkerEngine.load(WorkerConfig(model="SmolLM2-tiny", load_format="dummy", quantization=method))
+    assert engine.model_config.quantization == method
+    for name, module in engine.model.named_modules():
+        if isinstance(module, W4A16Linear):
+            weight = unquantized.model.get_submodule(name).weight
+            group = 128 if module.in_features % 128 == 0 else module.in_features
+            assert module.w4a16.group_size == group and (module.zeros is not None) == (method == "awq")
+            half_step = module.scales.repeat_interleave(group, 0).T / 2
+            assert ((dequantize(module.w4a16) - weight).abs() <= half_step + 1e-6).all()
+    assert isinstance(engine.model.layers[0].mlp.down_proj, W4A16Linear)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sluice.kernels.w4a16_layout import SYMMETRIC_ZERO
+from sluice.kernels.w4a16_layout import SYMMETRIC_ZERO, round_to_nearest
 from tests.kernels.w4a16_packing import to_awq, to_compressed_tensors, to_gptq
 from tests.worker.test_moe_families import lively_state
 
@@ -33,22 +33,11 @@ class Variant:
 
 
 def quantize(weight: torch.Tensor, group: int, sym: bool, g_idx: torch.Tensor, scale_dtype: torch.dtype):
-    """Round to nearest of weight [N, K]: (q [K, N], zero points [G, N] or None, scales [G, N] in scale_dtype, the
-    dequantized float32 weight [N, K]); g_idx [K]: the group of each input."""
-    wt, groups = weight.T.float(), g_idx.long()
-    index = groups[:, None].expand_as(wt)
-    shape = (wt.shape[0] // group, wt.shape[1])
-    high = torch.full(shape, -torch.inf).scatter_reduce(0, index, wt, "amax")
-    low = torch.full(shape, torch.inf).scatter_reduce(0, index, wt, "amin")
-    if sym:
-        scales = (torch.maximum(high, -low) / 7).clamp_min(1e-6).to(scale_dtype)
-        zeros = None
-        z = torch.full(shape, SYMMETRIC_ZERO)
-    else:
-        scales = ((high - low) / 15).clamp_min(1e-6).to(scale_dtype)
-        zeros = z = (-low / scales.float()).round().clamp(0, 15).long()
-    q = (wt / scales.float()[groups]).round().long().add(z[groups]).clamp(0, 15)
-    return q, zeros, scales, ((q - z[groups]).float() * scales.float()[groups]).T.contiguous()
+    """round_to_nearest's (q [K, N], zero points [G, N] or None, scales [G, N]) and the dequantized float32 weight
+    [N, K]; g_idx [K]: the group of each input."""
+    q, zeros, scales = round_to_nearest(weight, group, sym, g_idx, scale_dtype)
+    z = SYMMETRIC_ZERO if zeros is None else zeros[g_idx.long()]
+    return q, zeros, scales, ((q - z).float() * scales.float()[g_idx.long()]).T.contiguous()
 
 
 def write_w4a16_checkpoint(folder: Path, variant: Variant, hf_config: dict = TINY_LLAMA, seed: int = 0):

@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from sluice.worker.config import WorkerConfig
+from sluice.worker.loading.dummy_w4a16 import as_dummy_w4a16
 from sluice.worker.loading.dummy_weights import dummy_checkpoint
 from sluice.worker.loading.kv_scales import with_kv_scales
 from sluice.worker.loading.w4a16_checkpoint import W4A16_METHODS
@@ -80,12 +81,17 @@ class ModelLoader:
 
     def _read(self, model: str, load_format: str, rank: int, world_size: int) -> Checkpoint:
         """A model's config and the rank's weights in the worker's layout: random ones of a named shape with
-        load_format "dummy", else read from a checkpoint."""
+        load_format "dummy" (their projections in 4 bits where --quantization names a 4-bit method), else read from a
+        checkpoint."""
         if load_format == "dummy":
             hf_config, hf_state = dummy_checkpoint(model, self.config.torch_dtype, self.device, self.config.seed,
                                                    rank, world_size, self.config.enable_expert_parallel)
             model_config = ModelConfig.from_hf(hf_config)
-            return model_config, to_worker_layout(hf_state, model_config)
+            state = to_worker_layout(hf_state, model_config)
+            if self.config.quantization in W4A16_METHODS:
+                method = self.config.quantization
+                return replace(model_config, quantization=method), as_dummy_w4a16(state, model_config, method)
+            return model_config, state
         return load_checkpoint(Path(model), rank, world_size, self.config.enable_expert_parallel)
 
     def _build_model(self, model_config: ModelConfig, state: dict[str, torch.Tensor], ops: TorchOps,
