@@ -40,10 +40,12 @@ def quantize(weight: torch.Tensor, group: int, sym: bool, g_idx: torch.Tensor, s
     return q, zeros, scales, ((q - z).float() * scales.float()[g_idx.long()]).T.contiguous()
 
 
-def write_w4a16_checkpoint(folder: Path, variant: Variant, hf_config: dict = TINY_LLAMA, seed: int = 0):
-    """(the 4-bit folder, its dequantized float32 reference folder) under folder."""
+def write_w4a16_checkpoint(folder: Path, variant: Variant, hf_config: dict = TINY_LLAMA, seed: int = 0,
+                           state: dict[str, torch.Tensor] | None = None):
+    """(the 4-bit folder, its dequantized float32 reference folder) under folder, of the model of hf_config whose
+    Hugging Face state is `state` (lively random weights by default)."""
     generator = torch.Generator().manual_seed(seed)
-    state = lively_state(hf_config)
+    state = lively_state(hf_config) if state is None else state
     stored, reference = {}, {}
     orders = {}
     for name, tensor in state.items():
