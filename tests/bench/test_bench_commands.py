@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from sluice.cli.bench.hf_baseline import output_len
-from sluice.cli.bench.workload import random_workload
+from sluice.cli.bench.workload import random_workload, read_workload
 from sluice.cli.python_command import sluice_command
 
 WORKLOAD = ["--num-requests", "4", "--input-len", "8", "16", "--output-len", "3", "6"]
@@ -64,3 +64,18 @@ def test_latency_through_grpc_reports_each_process_cpu(tmp_path, default_model_d
         assert 0 <= busy["busiest_thread_cores"] <= busy["cores"] + rounding, name
         assert busy["busiest_thread_cores"] <= 1.1, name  # one thread keeps at most one core busy
     assert cpu["worker"]["cores"] > cpu["scheduler"]["cores"]  # on the CPU the worker computes the model
+
+
+def test_throughput_runs_the_requests_of_a_workload_file(tmp_path, default_model_dir):
+    path = tmp_path / "workload.json"
+    subprocess.run([*sluice_command(), "bench", "write-workload", str(path), "--num-requests", "3", "--input-len", "5",
+                    "12", "--output-len", "2", "4", "--vocab-size", "49152", "--seed", "7"], check=True, timeout=60)
+    requests = read_workload(path)
+    assert requests == random_workload(3, (5, 12), (2, 4), 49152, seed=7)
+    report = _bench(tmp_path, "throughput", "--in-process", "--workload", str(path))
+    (result,) = report["results"]
+    assert report["workload"]["num_requests"] == result["requests"] == 3
+    output_tokens = _output_tokens(result)
+    assert output_tokens == pytest.approx(sum(r.max_tokens for r in requests))
+    assert result["total_tokens_per_s"] * result["duration_s"] - output_tokens == pytest.approx(
+        sum(len(r.prompt_token_ids) for r in requests))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
-from sluice.cli.bench.workload import BenchRequest, as_text, random_workload
+from sluice.cli.bench.workload import (BenchRequest, as_text, length_ranges, nano_vllm_workload, random_workload,
+                                       read_workload, write_workload)
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
                                       scheduler_flags, scheduler_options, worker_config, worker_flags)
 
@@ -46,6 +47,16 @@ def add_bench_commands(commands) -> None:
     _add_workload_options(serve, num_requests=200, input_len=(1024, 1024), output_len=(256, 256))
     serve.set_defaults(run=_serve)
 
+    write = bench.add_parser("write-workload", help="write the requests of a workload as JSON, for --workload here "
+                                                    "and for other engines")
+    write.add_argument("path", type=Path)
+    write.add_argument("--generator", choices=["sluice", "nano-vllm"], default="sluice",
+                       help="sluice: the random workload of `bench throughput`; nano-vllm: its bench.py's draws")
+    write.add_argument("--vocab-size", type=int, default=151936,
+                       help="prompt token ids below it, with the sluice generator (default: Qwen3's)")
+    _add_request_options(write, num_requests=256, input_len=(100, 1024), output_len=(100, 1024))
+    write.set_defaults(run=_write_workload)
+
 
 def _add_engine_options(parser) -> None:
     add_worker_options(parser)
@@ -53,11 +64,17 @@ def _add_engine_options(parser) -> None:
     add_router_process_options(parser)
 
 
-def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
+def _add_request_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
     parser.add_argument("--num-requests", type=int, default=num_requests)
     parser.add_argument("--input-len", type=int, nargs=2, default=input_len, metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=output_len, metavar=("MIN", "MAX"))
     parser.add_argument("--seed", type=int, default=0, help="of the prompts, lengths and sampled draws")
+
+
+def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int]) -> None:
+    _add_request_options(parser, num_requests, input_len, output_len)
+    parser.add_argument("--workload", type=Path, help="run the requests of this file (`bench write-workload`) "
+                                                      "instead of random ones")
     parser.add_argument("--connections", type=int,
                         help="client connections the requests are spread over (default: 1, or 4 per router process "
                              "where the benchmark starts several)")
@@ -81,8 +98,15 @@ def _resolve_model(args) -> None:
 
 
 def _workload(args) -> list[BenchRequest]:
-    return with_sampling(random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
-                                         _vocab_size(args), args.seed), args)
+    """The requests of --workload, whose count and length ranges then replace the flags' (for the warm-up and the
+    report), or random ones."""
+    if args.workload:
+        requests = read_workload(args.workload)
+        args.num_requests, (args.input_len, args.output_len) = len(requests), length_ranges(requests)
+    else:
+        requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
+                                   _vocab_size(args), args.seed)
+    return with_sampling(requests, args)
 
 
 def _warm_up(args) -> list[BenchRequest]:
@@ -193,10 +217,10 @@ def _print_throughput(result: dict, sluice_rate: float) -> None:
 
 
 def _latency(args) -> None:
-    if args.output_len[0] < 2:
-        raise SystemExit("--output-len must be at least 2: the time per token is measured after the first")
     _resolve_model(args)
     requests = _workload(args)
+    if args.output_len[0] < 2:
+        raise SystemExit("--output-len must be at least 2: the time per token is measured after the first")
     if args.in_process:
         # time per output token after the first: a whole generation less one of a single token, no prefix cache
         engine = _offline_engine(args, enable_prefix_caching=False)
@@ -222,8 +246,8 @@ def _serve(args) -> None:
     from sluice.cli.bench.grpc_load import run_load
     from sluice.cli.bench.openai_load import run_openai_load
 
-    requests = with_sampling(random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
-                                             args.vocab_size, args.seed), args)
+    requests = with_sampling(read_workload(args.workload) if args.workload else random_workload(
+        args.num_requests, tuple(args.input_len), tuple(args.output_len), args.vocab_size, args.seed), args)
     if args.text_prompts:
         requests = as_text(requests, args.text_prompts)
     elif args.openai_url:
@@ -239,6 +263,14 @@ def _serve(args) -> None:
                          summary))
     _write(args.out, {"workload": _vars_of(args), "summary": summary,
                       "requests": [{"ttft": t.ttft, "itls": t.itls} for t in traces]})
+
+
+def _write_workload(args) -> None:
+    lengths = (args.num_requests, tuple(args.input_len), tuple(args.output_len))
+    requests = nano_vllm_workload(*lengths, args.seed) if args.generator == "nano-vllm" \
+        else random_workload(*lengths, args.vocab_size, args.seed)
+    write_workload(args.path, requests)
+    print(f"{len(requests)} requests written to {args.path}")
 
 
 def _vars_of(args) -> dict:

@@ -1,6 +1,9 @@
-"""The benchmarks' requests: random prompts and lengths from a seed, as token ids or as text."""
+"""The benchmarks' requests: random prompts and lengths from a seed, as token ids or as text, and as a JSON file that
+another engine can read too."""
+import json
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from sluice.core.sampling_params import SamplingParams
 
@@ -28,6 +31,33 @@ def random_workload(num_requests: int, input_lens: tuple[int, int], output_lens:
         BenchRequest([rng.randrange(vocab_size) for _ in range(rng.randint(*input_lens))], rng.randint(*output_lens))
         for _ in range(num_requests)
     ]
+
+
+def nano_vllm_workload(num_requests: int, input_lens: tuple[int, int], output_lens: tuple[int, int],
+                       seed: int = 0) -> list[BenchRequest]:
+    """nano-vllm's bench.py requests, drawn as it draws them: token ids in [0, 10000], every prompt before the first
+    output length."""
+    rng = random.Random(seed)
+    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(*input_lens))] for _ in range(num_requests)]
+    return [BenchRequest(prompt, rng.randint(*output_lens)) for prompt in prompts]
+
+
+def write_workload(path: Path, requests: list[BenchRequest]) -> None:
+    """{"requests": [{"prompt_token_ids": [...], "max_tokens": N}, ...]}; sampling controls stay out (flags of each
+    engine that reads it)."""
+    path.write_text(json.dumps({"requests": [{"prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens}
+                                             for r in requests]}))
+
+
+def read_workload(path: Path) -> list[BenchRequest]:
+    return [BenchRequest(list(r["prompt_token_ids"]), int(r["max_tokens"]))
+            for r in json.loads(path.read_text())["requests"]]
+
+
+def length_ranges(requests: list[BenchRequest]) -> tuple[list[int], list[int]]:
+    """The smallest and largest prompt length, and the same of max_tokens."""
+    inputs, outputs = [len(r.prompt_token_ids) for r in requests], [r.max_tokens for r in requests]
+    return [min(inputs), max(inputs)], [min(outputs), max(outputs)]
 
 
 def as_text(requests: list[BenchRequest], tokenizer_json: str) -> list[BenchRequest]:
