@@ -16,6 +16,7 @@ import torch
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.batch_state import BatchState, RequestState
+from sluice.worker.runner.image_inputs import ImageStepInputs
 
 
 @dataclass(slots=True)
@@ -24,6 +25,7 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits] int64: the tokens whose logits the step needs
     sampling_rows: torch.Tensor  # [num_samples] int64: the sampling requests' rows in SamplingRows
+    images: ImageStepInputs | None = None  # a vision-language model's step of requests with images
 
     @property
     def input_ids(self) -> torch.Tensor:
