@@ -36,8 +36,9 @@ class EncoderCache:
         self._encoding: dict[bytes, ImageInput] = {}  # this step's images to encode
         self._evicted: list[bytes] = []  # since the last step was taken, and held by the worker
 
-    def holds(self, image_hash: bytes) -> bool:
-        return image_hash in self._sizes
+    @property
+    def held_hashes(self) -> set[bytes]:
+        return set(self._sizes)
 
     def plan_chunk(self, request: Request, start: int, num_tokens: int, encoder_budget: int) -> ChunkImages:
         """The images of the request's tokens start..start + num_tokens - 1, cut before the first image that is not
