@@ -25,18 +25,23 @@ class ForwardPass:
         return self.decode_graphs is not None and meta.is_pure_decode and self.decode_graphs.fits(meta.num_seqs)
 
     def logits(self, token_inputs: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor | None,
-               images: ImageStepInputs | None = None) -> torch.Tensor:
+               images: ImageStepInputs | None = None, position_deltas: torch.Tensor | None = None) -> torch.Tensor:
         """The logits at the tokens logits_indices names (None: at every token). token_inputs: [3, num_tokens] int64
         input ids, positions and KV slots, which meta describes; images: a vision-language model's, where the step
-        reaches a prompt's images."""
+        reaches a prompt's images; position_deltas: [num_tokens] int64, what each token's rope position adds to its
+        index (None: nothing)."""
         if images is None and self.fits_decode_graph(meta):
-            logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len, meta.row_groups)
+            logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len, meta.row_groups,
+                                            position_deltas)
             return logits if logits_indices is None else logits[logits_indices]
-        return self.model.logits(*self.hidden_states(token_inputs, meta, logits_indices, images))
+        return self.model.logits(*self.hidden_states(token_inputs, meta, logits_indices, images, position_deltas))
 
     def hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata, indices: torch.Tensor | None,
-                      images: ImageStepInputs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      images: ImageStepInputs | None = None,
+                      position_deltas: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output and residual at the tokens `indices` names (None: at every token)."""
+        if position_deltas is not None:  # the KV slots are the tokens' own: only the rope positions move
+            token_inputs = torch.stack((token_inputs[0], token_inputs[1] + position_deltas, token_inputs[2]))
         if self.kv_scales_pending:
             self.kv_scales_pending = False
             return with_calculated_kv_scales(self.model, lambda: self._eager(token_inputs, meta, indices, images))

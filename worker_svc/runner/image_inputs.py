@@ -3,9 +3,9 @@ encoder outputs, which the worker holds by image hash from the step the schedule
 one dropped; each image request's M-RoPE positions; and, for a step, the rows of its tokens that take image
 embeddings. A chunk may hold part of an image's placeholders: it takes those rows of the image's output.
 
-A step of any request with images runs eagerly at M-RoPE positions: its prompt's from the images' grids, and past
-the prompt, each token's index plus the prompt's delta (which decode graphs, computing KV slots from positions, do not
-hold)."""
+A step in which a request's chunk reaches its prompt's images runs eagerly at M-RoPE positions (the prompt's from
+its images' grids); any other step, decodes among them, runs as a text model's, each token at its index plus its
+request's delta (StepInputs.position_deltas)."""
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +44,10 @@ class ImageInputs:
                     [image.grid_thw for image in new.images], self.model.config.vision.spatial_merge_size)
 
     def step_inputs(self, states: list[RequestState], query_lens: list[int]) -> ImageStepInputs | None:
-        """The step's image inputs; None when no request of it has images (its positions are the plain ones)."""
-        if not any(state.images for state in states):
-            return None
+        """The step's image inputs; None when no request's chunk reaches its last image's placeholders."""
         starts = [state.num_computed_tokens for state in states]
+        if not any(state.images and start < state.images[-1].end for state, start in zip(states, starts)):
+            return None
         columns, rows, embeddings = [], [], []
         offset = 0
         for state, start, length in zip(states, starts, query_lens):

@@ -178,9 +178,13 @@ class ModelRunner:
         proposals = plan.spec_token_ids or {request_id: [0] * count for request_id, count in
                                             plan.num_draft_tokens.items()}
         rows = logits_rows(request_ids, states, query_lens, plan.num_proposed)
+        position_deltas = None
+        if self.images is not None and any(state.position_delta for state in states):
+            position_deltas = [state.position_delta for state in states]
         inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
                                    self.sampler.rows.indices(rows.sample_request_ids), self._previous,
-                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
+                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None,
+                                   position_deltas=position_deltas)
         if drafts is not None:
             self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
         if self.images is not None:
@@ -192,9 +196,10 @@ class ModelRunner:
         if not rows.prompt_groups:
             at_every_token = rows.token_indices == list(range(inputs.input_ids.shape[0]))
             return self.forward.logits(inputs.token_inputs, inputs.meta,
-                                       None if at_every_token else inputs.logits_indices, inputs.images), None
+                                       None if at_every_token else inputs.logits_indices, inputs.images,
+                                       inputs.position_deltas), None
         x, residual = self.forward.hidden_states(inputs.token_inputs, inputs.meta, inputs.logits_indices,
-                                                 inputs.images)
+                                                 inputs.images, inputs.position_deltas)
         num_samples = rows.num_sample_rows
         return (self.model.logits(x[:num_samples], residual[:num_samples]),
                 self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows))
