@@ -87,7 +87,8 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
     config = SchedulerConfig(num_blocks=num_blocks, max_model_len=max_model_len, **scheduler_options)
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+        max_num_encoder_input_tokens=config.max_num_encoder_input_tokens, encoder_cache_size=config.encoder_cache_size))
     return info, dataclasses.replace(config, num_blocks=num_blocks)
 
 

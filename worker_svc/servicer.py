@@ -49,7 +49,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             num_blocks = await self._on_engine_thread(self.engine.init_cache, request.block_size, request.num_blocks,
                                                       request.max_num_batched_tokens, request.max_num_seqs,
-                                                      request.max_model_len)
+                                                      request.max_model_len, request.max_num_encoder_input_tokens,
+                                                      request.encoder_cache_size)
         except Exception as error:
             self._break_group(error)
             raise
