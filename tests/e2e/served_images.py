@@ -70,31 +70,34 @@ def hf_image_greedy(hf, ids: list[int], names: list[str], processed) -> list[int
     return tokens[:tokens.index(EOS_TOKEN_ID) + 1] if EOS_TOKEN_ID in tokens else tokens
 
 
-def submit(request_id: str, ids: list[int], images: list) -> scheduler_pb2.Submit:
+def submit(request_id: str, ids: list[int], images: list, n: int = 1) -> scheduler_pb2.Submit:
     return scheduler_pb2.Submit(request_id=request_id, prompt_token_ids=ids, images=images,
-                                sampling=generation_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
+                                sampling=generation_pb2.SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, n=n))
 
 
 def served(services, submits: list[scheduler_pb2.Submit]) -> dict[str, dict]:
-    """Request id -> {"tokens", "cached_tokens"} or {"status", "message"}: the submits sent at once on one Connect
-    stream, as a router sends them, read until each finished or was refused."""
-    results = {s.request_id: {"tokens": []} for s in submits}
-    pending = set(results)
+    """Request id -> {"tokens" (of sample 0), "samples", "cached_tokens"} or {"status", "message"}: the submits sent at
+    once on one Connect stream, as a router sends them, read until each of their samples finished or was refused."""
+    results = {}
+    for s in submits:
+        samples = [[] for _ in range(s.sampling.n or 1)]
+        results[s.request_id] = {"tokens": samples[0], "samples": samples}
+    pending = {s.request_id: len(results[s.request_id]["samples"]) for s in submits}
     with grpc.insecure_channel(services.layout.scheduler_address) as channel:
         stream = scheduler_pb2_grpc.SchedulerStub(channel).Connect(
             iter([scheduler_pb2.RouterMessage(submit=s) for s in submits]))
         for message in stream:
             step = message.step
             ends = np.cumsum(step.token_counts).tolist()
-            for request_id, count, end in zip(step.request_ids, step.token_counts, ends):
-                results[request_id]["tokens"] += step.token_ids[end - count:end]
+            for request_id, index, count, end in zip(step.request_ids, step.sample_indices, step.token_counts, ends):
+                results[request_id]["samples"][index] += step.token_ids[end - count:end]
             for finished in step.finished:
                 results[finished.request_id]["cached_tokens"] = finished.usage.cached_tokens
-                pending.discard(finished.request_id)
+                pending[finished.request_id] -= 1
             for rejection in step.rejections:
                 results[rejection.request_id] = {"status": rejection.status_code, "message": rejection.message}
-                pending.discard(rejection.request_id)
-            if not pending:
+                pending[rejection.request_id] = 0
+            if not any(pending.values()):
                 stream.cancel()
                 break
     return results

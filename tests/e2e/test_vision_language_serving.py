@@ -3,7 +3,8 @@ processor and submitted on the scheduler's Connect stream as a router sends them
 transformers' for prompts of 0, 1 and 2 images of different sizes, alone and 8 at once over a KV pool too small for
 them (preemption), with a token budget that splits images' placeholders across steps and an encoder budget below two
 images' tokens; a repeat of an image and its text hits the prefix cache, another image after the same text hits it
-only before the image; a bad image is refused naming it; no KV block is left held."""
+only before the image; greedy samples of an n = 3 request fork it; a bad image is refused naming it; no KV block is
+left held."""
 import grpc
 import pytest
 
@@ -49,6 +50,14 @@ def test_eight_at_once_over_a_small_pool_match_hf(services, model, processed):
     preemptions = services.load().num_preemptions
     assert_eight_at_once_match_hf(services, model[1], processed)
     assert services.load().num_preemptions > preemptions
+
+
+def test_greedy_samples_of_an_image_prompt_match_hf(services, model, processed):
+    """Three samples fork the first's prompt, images and all, under the small pool and budgets."""
+    ids, images = image_prompt(TEXT, ["tall", "wide"], processed)
+    result = served(services, [submit("samples", ids, images, n=3)])["samples"]
+    assert result["samples"] == [hf_image_greedy(model[1], ids, ["tall", "wide"], processed)] * 3
+    assert_no_block_held(services)
 
 
 def test_prefix_cache_holds_an_image_and_its_text_but_not_another_image(services, model, processed):
