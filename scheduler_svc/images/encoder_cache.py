@@ -35,6 +35,9 @@ class EncoderCache:
         self._reads: dict[str, set[bytes]] = {}  # request id -> the hashes it reads
         self._encoding: dict[bytes, ImageInput] = {}  # this step's images to encode
         self._evicted: list[bytes] = []  # since the last step was taken, and held by the worker
+        self.num_reads = 0  # images that chunks began to read
+        self.num_hits = 0  # of them, outputs held already
+        self.num_deferrals = 0  # chunks cut before an image they could not encode in their step
 
     @property
     def held_hashes(self) -> set[bytes]:
@@ -42,7 +45,8 @@ class EncoderCache:
 
     def plan_chunk(self, request: Request, start: int, num_tokens: int, encoder_budget: int) -> ChunkImages:
         """The images of the request's tokens start..start + num_tokens - 1, cut before the first image that is not
-        held and whose encoding exceeds the step's encoder budget or the room the cache can make. Changes nothing."""
+        held and whose encoding exceeds the step's encoder budget or the room the cache can make. Changes nothing
+        but the count of chunks it cut."""
         chunk = ChunkImages(num_tokens)
         room = self.num_free + sum(self._sizes[image_hash] for image_hash in self._unread)
         planned = set()
@@ -63,6 +67,7 @@ class EncoderCache:
                 chunk.to_encode.append(image)
             else:
                 chunk.num_tokens = max(image.offset - start, 0)  # a chunk that starts inside it waits whole
+                self.num_deferrals += 1
                 break
             planned.add(image.hash)
         return chunk
@@ -70,6 +75,8 @@ class EncoderCache:
     def take(self, request_id: str, chunk: ChunkImages) -> None:
         """The request reads the chunk's images: held ones stop being evictable, the others are allocated (evicting
         unread outputs as needed) and encoded in this step."""
+        self.num_reads += len(chunk.reused) + len(chunk.to_encode)
+        self.num_hits += len(chunk.reused)
         for image_hash in chunk.reused:
             self._read(request_id, image_hash)
         for image in chunk.to_encode:
@@ -102,7 +109,10 @@ class EncoderCache:
 
     def reset(self) -> None:
         """Forgets every output: the worker that held them is gone."""
-        self.__init__(self.capacity)
+        self.num_free = self.capacity
+        for held in (self._sizes, self._readers, self._unread, self._reads, self._encoding):
+            held.clear()
+        self._evicted = []
 
     def _read(self, request_id: str, image_hash: bytes) -> None:
         self._readers[image_hash].add(request_id)

@@ -5,8 +5,11 @@ them (preemption), with a token budget that splits images' placeholders across s
 images' tokens; a repeat of an image and its text hits the prefix cache, another image after the same text hits it
 only before the image; greedy samples of an n = 3 request fork it; a bad image is refused naming it; no KV block is
 left held."""
+import urllib.request
+
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.served_images import (PROMPT_IMAGES, TEXT, assert_eight_at_once_match_hf, assert_no_block_held,
                                      hf_image_greedy, image_prompt, processed_images, served, submit, tiny_checkpoint)
@@ -37,19 +40,24 @@ def processed():
 
 
 def test_prompts_of_0_1_and_2_images_alone_match_hf(services, model, processed):
+    """A chunk reaching a small image and a tall one (16 tokens) stops before the tall one, which a later step
+    encodes."""
     for index, names in enumerate(PROMPT_IMAGES):
         ids, images = image_prompt(TEXT, names, processed)
         result = served(services, [submit(f"alone-{index}", ids, images)])[f"alone-{index}"]
         assert result["tokens"] == hf_image_greedy(model[1], ids, names, processed), names
+    assert _scheduler_counter(services, "sluice:encoder_deferrals") > 0
     assert_no_block_held(services)
 
 
 def test_eight_at_once_over_a_small_pool_match_hf(services, model, processed):
     """Eight prompts of ~3 blocks each over a pool of 10 (preemption), 32 tokens a step (a chunk ends inside an
-    image) and 15 image tokens encoded a step (no two images of a chunk encode in one step)."""
-    preemptions = services.load().num_preemptions
+    image) and 15 image tokens encoded a step (no two images of a chunk encode in one step); prompts of the same
+    image read its output while the worker holds it."""
+    preemptions, hits = services.load().num_preemptions, _scheduler_counter(services, "sluice:encoder_cache_hits")
     assert_eight_at_once_match_hf(services, model[1], processed)
     assert services.load().num_preemptions > preemptions
+    assert _scheduler_counter(services, "sluice:encoder_cache_hits") > hits
 
 
 def test_greedy_samples_of_an_image_prompt_match_hf(services, model, processed):
@@ -73,6 +81,12 @@ def test_prefix_cache_holds_an_image_and_its_text_but_not_another_image(services
     assert repeat["cached_tokens"] >= images[0].offset + images[0].length - BLOCK_SIZE  # through the image's blocks
     assert other["cached_tokens"] == images[0].offset // BLOCK_SIZE * BLOCK_SIZE  # the text's whole blocks
     assert_no_block_held(services)
+
+
+def _scheduler_counter(services, name: str) -> float:
+    with urllib.request.urlopen(services.metrics_url("scheduler"), timeout=5) as response:
+        families = text_string_to_metric_families(response.read().decode())
+        return next(sample.value for family in families if family.name == name for sample in family.samples)
 
 
 def test_an_image_whose_pixels_do_not_match_its_grid_is_refused_naming_it(services, processed):

@@ -111,6 +111,18 @@ def test_a_repeat_of_an_image_hits_through_it_and_another_image_only_before_it()
         results = _run(scheduler, worker)
         assert results[f"{request_id}:cached"] == {"first": 0, "repeat": 48, "other": 16}[request_id]
     assert worker.encoded == [b"a", b"b"]  # the repeat read the output held since the first
+    assert (scheduler.encoder_cache.num_reads, scheduler.encoder_cache.num_hits) == (2, 0)  # the repeat's hit
+    # covers the image's blocks: it reads no output
+
+
+def test_another_request_of_a_held_image_reads_its_output():
+    scheduler = _scheduler()
+    worker = EncoderWorker(scheduler)
+    for request_id in ("first", "second"):
+        scheduler.add_request(_request(request_id, [[len(request_id)], ("a", 20), [1]]))
+        _run(scheduler, worker)
+    assert worker.encoded == [b"a"]
+    assert (scheduler.encoder_cache.num_reads, scheduler.encoder_cache.num_hits) == (2, 1)
 
 
 def test_a_chunk_that_splits_an_image_encodes_it_once_and_the_next_chunk_reads_it():
@@ -131,6 +143,7 @@ def test_the_encoder_budget_cuts_a_chunk_before_an_image_it_cannot_encode_this_s
     scheduler.add_request(_request("r", [[1, 2], ("a", 20), [3], ("b", 20), [4]]))
     plan = scheduler.schedule()
     assert plan.num_scheduled_tokens == {"r": 23} and [image.hash for image in plan.encoder_inputs] == [b"a"]
+    assert scheduler.encoder_cache.num_deferrals == 1
     scheduler.update_from_outcome(plan, worker.execute(plan))
     plan = scheduler.schedule()
     assert plan.num_scheduled_tokens == {"r": 21} and [image.hash for image in plan.encoder_inputs] == [b"b"]
