@@ -32,10 +32,11 @@ class EncoderCache:
         self._sizes: dict[bytes, int] = {}  # hash -> rows, of every output held (or encoded by a planned step)
         self._readers: dict[bytes, set[str]] = {}
         self._unread: OrderedDict[bytes, None] = OrderedDict()  # held and read by no request, least recent first
+        self._num_unread = 0  # their rows
         self._reads: dict[str, set[bytes]] = {}  # request id -> the hashes it reads
         self._encoding: dict[bytes, ImageInput] = {}  # this step's images to encode
         self._evicted: list[bytes] = []  # since the last step was taken, and held by the worker
-        self.num_reads = 0  # images that chunks began to read
+        self.num_reads = 0  # images that requests began to read
         self.num_hits = 0  # of them, outputs held already
         self.num_deferrals = 0  # chunks cut before an image they could not encode in their step
 
@@ -48,7 +49,7 @@ class EncoderCache:
         held and whose encoding exceeds the step's encoder budget or the room the cache can make. Changes nothing
         but the count of chunks it cut."""
         chunk = ChunkImages(num_tokens)
-        room = self.num_free + sum(self._sizes[image_hash] for image_hash in self._unread)
+        room = self.num_free + self._num_unread
         planned = set()
         for image in request.images:
             if image.offset >= start + chunk.num_tokens:
@@ -75,9 +76,10 @@ class EncoderCache:
     def take(self, request_id: str, chunk: ChunkImages) -> None:
         """The request reads the chunk's images: held ones stop being evictable, the others are allocated (evicting
         unread outputs as needed) and encoded in this step."""
-        self.num_reads += len(chunk.reused) + len(chunk.to_encode)
-        self.num_hits += len(chunk.reused)
         for image_hash in chunk.reused:
+            if request_id not in self._readers[image_hash]:
+                self.num_reads += 1
+                self.num_hits += 1
             self._read(request_id, image_hash)
         for image in chunk.to_encode:
             while self.num_free < image.length:
@@ -86,6 +88,7 @@ class EncoderCache:
             self._sizes[image.hash] = image.length
             self._readers[image.hash] = set()
             self._encoding[image.hash] = image
+            self.num_reads += 1
             self._read(request_id, image.hash)
 
     def release_passed(self, request: Request) -> None:
@@ -109,14 +112,16 @@ class EncoderCache:
 
     def reset(self) -> None:
         """Forgets every output: the worker that held them is gone."""
-        self.num_free = self.capacity
+        self.num_free, self._num_unread = self.capacity, 0
         for held in (self._sizes, self._readers, self._unread, self._reads, self._encoding):
             held.clear()
         self._evicted = []
 
     def _read(self, request_id: str, image_hash: bytes) -> None:
         self._readers[image_hash].add(request_id)
-        self._unread.pop(image_hash, None)
+        if image_hash in self._unread:
+            del self._unread[image_hash]
+            self._num_unread -= self._sizes[image_hash]
         self._reads.setdefault(request_id, set()).add(image_hash)
 
     def _unread_by(self, request_id: str, image_hash: bytes) -> None:
@@ -128,10 +133,13 @@ class EncoderCache:
         readers.discard(request_id)
         if not readers:
             self._unread[image_hash] = None
+            self._num_unread += self._sizes[image_hash]
 
     def _evict(self, image_hash: bytes) -> None:
         del self._unread[image_hash]
         del self._readers[image_hash]
-        self.num_free += self._sizes.pop(image_hash)
+        size = self._sizes.pop(image_hash)
+        self._num_unread -= size
+        self.num_free += size
         if self._encoding.pop(image_hash, None) is None:  # an image planned in this step never reaches the worker
             self._evicted.append(image_hash)
