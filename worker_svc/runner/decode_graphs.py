@@ -94,9 +94,10 @@ class DecodeGraphs:
         n = token_inputs.shape[1]
         width = min(block_tables.shape[1], self.block_tables.shape[1])
         self.token_inputs[:2, :n].copy_(token_inputs)
-        if self.shifts_positions:
-            self.position_deltas[:n].copy_(position_deltas) if position_deltas is not None \
-                else self.position_deltas[:n].zero_()
+        if position_deltas is not None:
+            self.position_deltas[:n].copy_(position_deltas)
+        elif self.shifts_positions:
+            self.position_deltas[:n].zero_()
         self.block_tables[:n, :width].copy_(block_tables[:, :width])
         if row_groups is not None:
             self.row_groups[:n].copy_(row_groups)
