@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.e2e.served_images import (PROMPT_IMAGES, TEXT, assert_eight_at_once_match_hf, assert_no_block_held,
                                      hf_image_greedy, image_prompt, processed_images, served, submit, tiny_checkpoint)
 from tests.e2e.services import running_services
+from tests.worker.tiny_qwen2_5_vl import IMAGE_TOKEN
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,11 @@ def services(model):
 @pytest.fixture(scope="module")
 def processed():
     return processed_images()
+
+
+def test_model_info_tells_what_the_model_expects_of_images(services):
+    vision = services.client.model_info().vision
+    assert (vision.image_token_id, vision.spatial_merge_size, vision.patch_dim) == (IMAGE_TOKEN, 2, 3 * 2 * 2 * 2)
 
 
 def test_prompts_of_0_1_and_2_images_alone_match_hf(services, model, processed):
