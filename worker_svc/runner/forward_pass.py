@@ -1,7 +1,8 @@
 """A model's forward pass over a step's inputs, through its CUDA graphs where the step fits them: a step of one token
 per sequence replays decode_graphs, another one of at most the largest bucket's tokens replays piecewise_graphs
-around eager attention, and any other runs eagerly, as does a step that reaches a prompt's images. The target model and a draft model each have one. With
-calculate_kv_scales, the first step runs eagerly and sets the FP8 KV cache's scales (kv_scale_calibration.py)."""
+around eager attention, and any other runs eagerly, as does a step that reaches a prompt's images. The target model
+and a draft model each have one. With calculate_kv_scales, the first step runs eagerly and sets the FP8 KV cache's
+scales (kv_scale_calibration.py)."""
 import torch
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
