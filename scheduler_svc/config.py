@@ -16,6 +16,11 @@ class SchedulerConfig:
     max_model_len: int = option(8192, help="prompt + output tokens of one request (at most the model's)")
     enable_prefix_caching: bool = option(True, flag="--no-prefix-caching",
                                          help="no reuse of the KV blocks of prompts' shared prefixes")
+    max_num_encoder_input_tokens: int = option(8192, help="image placeholder tokens whose encoder outputs one step "
+                                                          "computes (the encoder budget): an image that does not fit "
+                                                          "waits for a later step, so images do not stall decodes")
+    encoder_cache_size: int = option(8192, help="image placeholder tokens whose encoder outputs the worker holds, for "
+                                                "the later chunks of a prompt and for other requests of the image")
     policy: str = option("priority", choices=POLICIES,
                          help="priority: lower value first, FCFS within a value; fcfs: arrival order only")
     max_waiting_requests: int = option(4096, help="requests that may wait; more get RESOURCE_EXHAUSTED")
@@ -37,7 +42,8 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {self.num_blocks}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting_requests"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting_requests",
+                     "max_num_encoder_input_tokens", "encoder_cache_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.policy not in POLICIES:

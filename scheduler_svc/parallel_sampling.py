@@ -20,7 +20,7 @@ def split_samples(request: Request) -> list[Request]:
             sampling_params=replace(params, seed=None if params.seed is None else (params.seed + i) % 2**64,
                                     prompt_logprobs=params.prompt_logprobs if i == 0 else None),
             priority=request.priority, arrival_time=request.arrival_time, cache_salt=request.cache_salt,
-            deadline=request.deadline, group_id=request.request_id, sample_index=i,
+            deadline=request.deadline, group_id=request.request_id, sample_index=i, images=request.images,
         )
         for i in range(params.n)
     ]

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 
 from sluice.core.finish_reason import FinishReason
+from sluice.core.images import ImageInput
 from sluice.core.sampling_params import SamplingParams
 
 
@@ -44,6 +45,7 @@ class Request:
     deadline: float | None = None
     group_id: str | None = None  # the client's request id, for one of the samples of an n > 1 request
     sample_index: int = 0
+    images: tuple[ImageInput, ...] = ()  # in prompt order; their placeholders are prompt tokens
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)

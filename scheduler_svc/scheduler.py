@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 
 from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.finish_reason import FinishReason
+from sluice.core.images import VisionInfo
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
 from sluice.scheduler.admission import check_queue_room, validate_request
 from sluice.scheduler.config import SchedulerConfig
+from sluice.scheduler.images.admission import validate_images
+from sluice.scheduler.images.encoder_cache import ChunkImages, EncoderCache
 from sluice.scheduler.kv_cache.block_manager import NO_PREFIX_HIT, BlockManager
 from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
 from sluice.scheduler.parallel_sampling import SampleGroups, split_samples
@@ -28,6 +31,7 @@ MAX_STEPS_IN_FLIGHT = 3  # the step running on the worker and two queued behind 
 @dataclass(slots=True)
 class _StepDraft:
     token_budget: int
+    encoder_budget: int  # image placeholder tokens the step may still encode
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
     running: dict[str, tuple[Request, list[int]]] = field(default_factory=dict)  # id -> (request, new block ids)
     new_requests: list[NewRequest] = field(default_factory=list)
@@ -42,13 +46,16 @@ class _StepDraft:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic,
-                 attention_window: int = 0):
+                 attention_window: int = 0, vision: VisionInfo | None = None):
         """attention_window: tokens back from its newest that a query reads in every layer of the model (0: the
-        whole context); the blocks before a request's window are freed as it advances."""
+        whole context); the blocks before a request's window are freed as it advances. vision: what the model
+        expects of images (None: it takes none)."""
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
                                           attention_window)
+        self.encoder_cache = EncoderCache(config.encoder_cache_size)
+        self.vision = vision
         self.num_preemptions = 0
         self._requests: dict[str, Request] = {}  # every unfinished request (each sample of an n > 1 request)
         self._sample_groups = SampleGroups()
@@ -69,6 +76,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """An n > 1 request enters as n samples: sample 0 waits, the others wait to fork its prompt."""
         validate_request(request, self.config)
+        validate_images(request, self.vision, self.config)
         check_queue_room(request, self._waiting, self.config)
         samples = split_samples(request) if request.sampling_params.n > 1 else [request]
         ids = {request.request_id, *(sample.request_id for sample in samples)}
@@ -120,6 +128,7 @@ class Scheduler:
         updates = [update for request_id in client_request_ids
                    for update in self.finish_samples(request_id, FinishReason.ABORT)]
         self.block_manager.reset_prefix_cache()
+        self.encoder_cache.reset()
         self._worker_dropped_ids = []
         self._in_flight.clear()
         return updates
@@ -148,16 +157,20 @@ class Scheduler:
         # re-sent whole. A step that preempted admits no waiting request, so blocks freed for running requests
         # are not taken by new ones. Scheduling is asynchronous: a step's tokens count as computed once planned, and
         # a request that will sample holds a placeholder for the token, which the worker feeds into its next step
-        # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied).
+        # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied). Image
+        # placeholders are prompt tokens; a chunk stops before an image whose encoder output the worker does not hold
+        # when its encoding exceeds the step's encoder budget or the encoder cache's room (vLLM v1's encoder budget).
         if len(self._in_flight) >= MAX_STEPS_IN_FLIGHT:
             raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens,
+                           encoder_budget=self.config.max_num_encoder_input_tokens,
                            proposal_rows=self.config.max_num_seqs - len(self._running))
         self._fork_ready_samples(draft)
         self._schedule_running(draft)
         if not draft.preempted:
             self._schedule_waiting(draft)
         forked = [request for request_id, (request, _) in draft.running.items() if request_id in draft.forked]
+        freed_encoder_hashes, encoder_inputs = self.encoder_cache.take_step()
         plan = StepPlan(
             step_id=self._next_step_id,
             new_requests=draft.new_requests + [self._new_request(request, request.num_computed_tokens,
@@ -172,6 +185,8 @@ class Scheduler:
             block_copies=[copy for request in forked for copy in draft.forked[request.request_id]],
             spec_token_ids=draft.spec_token_ids,
             num_draft_tokens=draft.num_draft_tokens,
+            freed_encoder_hashes=freed_encoder_hashes,
+            encoder_inputs=encoder_inputs,
         )
         self._worker_dropped_ids = []
         self._next_step_id += 1
@@ -192,6 +207,8 @@ class Scheduler:
             proposed = num_proposed.get(request_id, 0)
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + proposed:
                 request.num_output_placeholders += 1 + proposed
+            if request.images:
+                self.encoder_cache.release_passed(request)
 
     def update_from_outcome(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestUpdate]:
         if plan.step_id != outcome.step_id:
@@ -333,6 +350,11 @@ class Scheduler:
             if not speculation.is_following(request):
                 draft.followers.append(request)
                 return
+        images = self._chunk_images(request, request.num_computed_tokens, num_new_tokens, draft)
+        if images is not None:
+            num_new_tokens = images.num_tokens
+            if num_new_tokens == 0:
+                return
         num_proposed, proposals = (0, []) if speculation is None \
             else speculation.propose(request, draft.token_budget, draft.proposal_rows)
         while (new_block_ids := self.block_manager.allocate_slots(request, num_new_tokens + num_proposed)) is None:
@@ -344,6 +366,7 @@ class Scheduler:
             if victim is request:
                 return
         num_new_tokens += num_proposed
+        self._take_images(request, images, draft)
         draft.token_budget -= num_new_tokens
         draft.num_scheduled_tokens[request.request_id] = num_new_tokens
         draft.running[request.request_id] = (request, new_block_ids)
@@ -361,9 +384,15 @@ class Scheduler:
             prefix_hit = NO_PREFIX_HIT if request.sampling_params.prompt_logprobs is not None \
                 else blocks.get_computed_blocks(request, 1 + held_back)
             num_new_tokens = min(request.num_tokens - prefix_hit.num_tokens - held_back, draft.token_budget)
+            images = self._chunk_images(request, prefix_hit.num_tokens, num_new_tokens, draft)
+            if images is not None:
+                num_new_tokens = images.num_tokens
+                if num_new_tokens == 0:
+                    break
             block_ids = blocks.allocate_slots(request, num_new_tokens, prefix_hit)
             if block_ids is None:
                 break
+            self._take_images(request, images, draft)
             self._waiting.pop()
             if request.num_preemptions == 0:
                 request.num_cached_tokens = prefix_hit.num_tokens
@@ -373,6 +402,17 @@ class Scheduler:
             draft.token_budget -= num_new_tokens
             draft.num_scheduled_tokens[request.request_id] = num_new_tokens
             draft.new_requests.append(self._new_request(request, prefix_hit.num_tokens, block_ids))
+
+    def _chunk_images(self, request: Request, start: int, num_tokens: int, draft: _StepDraft) -> ChunkImages | None:
+        """The images of the request's chunk, which may cut it short; None for a chunk after the last image."""
+        if not request.images or start >= request.images[-1].end:
+            return None
+        return self.encoder_cache.plan_chunk(request, start, num_tokens, draft.encoder_budget)
+
+    def _take_images(self, request: Request, images: ChunkImages | None, draft: _StepDraft) -> None:
+        if images is not None:
+            self.encoder_cache.take(request.request_id, images)
+            draft.encoder_budget -= images.num_encoder_tokens
 
     def _fork_ready_samples(self, draft: _StepDraft) -> None:
         for parent, children in self._sample_groups.take_ready():
@@ -404,12 +444,14 @@ class Scheduler:
     @staticmethod
     def _new_request(request: Request, num_computed_tokens: int, block_ids: list[int]) -> NewRequest:
         return NewRequest(request.request_id, list(request.all_token_ids), block_ids, num_computed_tokens,
-                          request.sampling_params, request.num_output_tokens)
+                          request.sampling_params, request.num_output_tokens,
+                          images=[image.without_pixels() for image in request.images])
 
     def _preempt(self, request: Request, draft: _StepDraft) -> None:
         """Frees a running request's blocks and requeues it for recompute; undoes its place in this step."""
         self._running.remove(request)
         self.block_manager.free(request)
+        self.encoder_cache.release(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
@@ -437,6 +479,7 @@ class Scheduler:
         else:
             self._waiting.remove(request)
         self.block_manager.free(request)
+        self.encoder_cache.release(request.request_id)
         request.finish(reason)
         del self._requests[request.request_id]
         if self.speculation is not None:

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import logging
 
+from sluice.core.images_pb import vision_info_from_pb
 from sluice.core.options import as_flags
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.engine_loop import EngineLoop
@@ -46,7 +47,9 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                 return
             info, config = started
             sessions = RouterSessions()
-            scheduler = Scheduler(config, set(info.eos_token_ids), attention_window=info.attention_window)
+            vision = vision_info_from_pb(info.vision) if info.HasField("vision") else None
+            scheduler = Scheduler(config, set(info.eos_token_ids), attention_window=info.attention_window,
+                                  vision=vision)
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
             service.metrics_registry.register(SchedulerLoadCollector(scheduler, info.model))
             loop = EngineLoop(scheduler, worker, sessions,
@@ -56,7 +59,8 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                                                   dtype=info.dtype, num_kv_blocks=config.num_blocks,
                                                   block_size=config.block_size,
                                                   eos_token_ids=sorted(info.eos_token_ids),
-                                                  kv_cache_dtype=info.kv_cache_dtype, quantization=info.quantization)
+                                                  kv_cache_dtype=info.kv_cache_dtype, quantization=info.quantization,
+                                                  vision=info.vision if info.HasField("vision") else None)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
             await service.set_ready(True)
@@ -83,7 +87,8 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
     config = SchedulerConfig(num_blocks=num_blocks, max_model_len=max_model_len, **scheduler_options)
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len))
+        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+        max_num_encoder_input_tokens=config.max_num_encoder_input_tokens, encoder_cache_size=config.encoder_cache_size))
     return info, dataclasses.replace(config, num_blocks=num_blocks)
 
 

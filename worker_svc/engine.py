@@ -48,9 +48,12 @@ class WorkerEngine:
         return cls(config, ModelLoader(config, group).load(), group)
 
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
-                   max_num_seqs: int = 256, max_model_len: int = 8192) -> int:
+                   max_num_seqs: int = 256, max_model_len: int = 8192, max_num_encoder_input_tokens: int = 0,
+                   encoder_cache_size: int = 0) -> int:
         """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the CUDA graphs. With
-        a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own."""
+        a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own. A model that
+        takes images keeps the memory of its vision tower's pass over max_num_encoder_input_tokens placeholders and
+        of encoder_cache_size placeholders' outputs out of the KV cache's."""
         self.runner = None  # a worker set up again (its scheduler lost it) frees the old cache first
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = self.model.cos_sin_cache(max_model_len).to(self.device)
@@ -58,8 +61,9 @@ class WorkerEngine:
             block_bytes = bytes_per_block(self.local_config, block_size, self.kv_cache_dtype)
             if self.draft_config is not None:
                 block_bytes += bytes_per_block(self.draft_config, block_size, self.config.torch_dtype)
-            num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs) \
-                // block_bytes
+            image_tokens = (max_num_encoder_input_tokens, encoder_cache_size) if self.model.takes_images else (0, 0)
+            num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs,
+                                              *image_tokens) // block_bytes
             if self.group is not None:
                 num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
@@ -116,11 +120,14 @@ class WorkerEngine:
                  GrammarMatchers(load_tokenizer, config.vocab_size, self.device), self.config.seed)
         return StepSampler(*parts) if self.group is None else DriverSampler(self.group, *parts)
 
-    def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
+                        max_num_encoder_input_tokens: int, encoder_cache_size: int) -> int:
         if self.device.type != "cuda":
             return self.config.kv_cache_bytes
+        encoder_cache_bytes = encoder_cache_size * self.model_config.hidden_size * self.config.torch_dtype.itemsize
         return profile_kv_cache_bytes(self.model, self.local_config, cos_sin_cache, block_size, self.kv_cache_dtype,
-                                      max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization)
+                                      max_num_batched_tokens, max_num_seqs, self.config.gpu_memory_utilization,
+                                      max_num_encoder_input_tokens) - encoder_cache_bytes
 
     @property
     def num_live_requests(self) -> int:

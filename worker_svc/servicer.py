@@ -4,6 +4,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sluice.core.images_pb import vision_info_to_pb
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
@@ -41,13 +42,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
                              draft_model=Path(self.engine.config.draft_model).name,
                              kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "",
-                             attention_window=self.engine.attention_window)
+                             attention_window=self.engine.attention_window,
+                             vision=None if config.vision is None else vision_info_to_pb(config.vision.info))
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:
             num_blocks = await self._on_engine_thread(self.engine.init_cache, request.block_size, request.num_blocks,
                                                       request.max_num_batched_tokens, request.max_num_seqs,
-                                                      request.max_model_len)
+                                                      request.max_model_len, request.max_num_encoder_input_tokens,
+                                                      request.encoder_cache_size)
         except Exception as error:
             self._break_group(error)
             raise

@@ -218,5 +218,5 @@ class BlockManager:
 
     def _hashes(self, request: Request) -> list[BlockHash]:
         hashes = self._block_hashes.setdefault(request.request_id, [])
-        extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.cache_salt)
+        extend_block_hashes(hashes, request.all_token_ids, self.block_size, request.cache_salt, request.images)
         return hashes

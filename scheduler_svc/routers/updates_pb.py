@@ -3,6 +3,7 @@ import time
 
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_to_pb
+from sluice.core.images_pb import image_from_pb
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.logprobs_pb import logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
@@ -25,6 +26,7 @@ def request_from_pb(submit: scheduler_pb2.Submit) -> Request:
         priority=submit.priority,
         cache_salt=submit.cache_salt or None,
         deadline=deadline,
+        images=tuple(image_from_pb(image) for image in submit.images),
     )
 
 

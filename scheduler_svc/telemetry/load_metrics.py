@@ -15,7 +15,7 @@ class SchedulerLoadCollector(Collector):
 
     def collect(self):
         load = self.scheduler.get_load()
-        blocks = self.scheduler.block_manager
+        blocks, images = self.scheduler.block_manager, self.scheduler.encoder_cache
         usage = load.num_used_blocks / load.num_total_blocks if load.num_total_blocks else 0.0
         for kind, name, documentation, value in (
             (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.", load.num_running),
@@ -28,6 +28,13 @@ class SchedulerLoadCollector(Collector):
              blocks.num_prefix_hit_tokens),
             (CounterMetricFamily, "vllm:num_preemptions", "Preemptions (blocks freed for recompute).",
              load.num_preemptions),
+            (CounterMetricFamily, "sluice:encoder_cache_reads", "Images whose encoder outputs prompt chunks read.",
+             images.num_reads),
+            (CounterMetricFamily, "sluice:encoder_cache_hits", "Image reads whose encoder output the worker held.",
+             images.num_hits),
+            (CounterMetricFamily, "sluice:encoder_deferrals",
+             "Request-steps whose chunk stopped before an image the step could not encode (encoder budget or "
+             "encoder cache room).", images.num_deferrals),
             (CounterMetricFamily, "vllm:spec_decode_num_drafts", "Request-steps with speculative proposals.",
              load.num_drafts),
             (CounterMetricFamily, "vllm:spec_decode_num_draft_tokens", "Proposed (draft) tokens.",

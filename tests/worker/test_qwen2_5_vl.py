@@ -57,7 +57,8 @@ def _logits(model: QwenVisionLanguageLM, ids: list[int], grids: list,
     positions, delta = model.prompt_positions(ids, torch.tensor(grids).view(-1, 3))
     with torch.inference_mode():
         embeddings = model.image_embeddings(*images(grids)) if grids else torch.zeros(0, config.hidden_size)
-        logits = model.logits(*model.multimodal_hidden_states(torch.tensor(ids), positions, embeddings,
+        image_rows = torch.nonzero(torch.tensor(ids) == IMAGE_TOKEN).flatten()
+        logits = model.logits(*model.multimodal_hidden_states(torch.tensor(ids), positions, embeddings, image_rows,
                                                               cos_sin_cache, kv_caches, _chunk(0, len(ids)), None))
         decoded = [model(torch.tensor([token]), torch.tensor([index + delta]), cos_sin_cache, kv_caches,
                          _chunk(index, 1), None) for index, token in enumerate(continuation, start=len(ids))]

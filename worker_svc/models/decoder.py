@@ -93,6 +93,8 @@ class DecoderLM(nn.Module):
     embedding, attention and MLP modules through the _embedding, _attention and _mlp methods; another family
     (gemma.py) its own layers and norm through _layer and _norm."""
 
+    takes_images = False  # a vision-language model (qwen2_5_vl.py) has a vision tower
+
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
         super().__init__()
         self.config = config

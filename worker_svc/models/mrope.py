@@ -14,25 +14,35 @@ def mrope_positions(input_ids: list[int] | torch.Tensor, image_grid_thw: torch.T
                     spatial_merge_size: int) -> tuple[torch.Tensor, int]:
     """(int64 positions [3, len(input_ids)], delta), as transformers' Qwen2.5-VL get_rope_index computes them. Image i
     is the i-th run of image_token_id among input_ids, of t * h * w / spatial_merge_size ** 2 placeholders for its
-    grid (t, h, w) in patches (image_grid_thw [num_images, 3]); its placeholders sit at (start + frame, start + row,
-    start + column) of its merged grid, and the text after it starts max(rows, columns) past start. A token at index
-    i >= len(input_ids) sits at i + delta in all three."""
+    grid (t, h, w) in patches (image_grid_thw [num_images, 3]): image_positions of those runs."""
     ids = torch.as_tensor(input_ids).cpu()
     placeholders = torch.nonzero(ids == image_token_id).flatten().tolist()
-    pieces, position, index, used = [], 0, 0, 0
+    starts, used = [], 0
     for t, h, w in image_grid_thw.tolist():
+        length = t * (h // spatial_merge_size) * (w // spatial_merge_size)
+        starts.append(_placeholder_run(placeholders, used, length))
+        used += length
+    if used != len(placeholders):
+        raise ValueError(f"{len(placeholders)} image placeholder tokens, but the images' grids hold {used}")
+    return image_positions(len(ids), starts, image_grid_thw.tolist(), spatial_merge_size)
+
+
+def image_positions(num_tokens: int, starts: list[int], grids: list[tuple[int, int, int]],
+                    spatial_merge_size: int) -> tuple[torch.Tensor, int]:
+    """(int64 positions [3, num_tokens], delta) of a prompt whose image i's placeholders start at index starts[i], one
+    per cell of its merged grid: they sit at (start + frame, start + row, start + column) of it, and the text after
+    it starts max(rows, columns) past start. A token at index i >= num_tokens sits at i + delta in all three."""
+    pieces, position, index = [], 0, 0
+    for start, (t, h, w) in zip(starts, grids):
         rows, columns = h // spatial_merge_size, w // spatial_merge_size
-        start = _placeholder_run(placeholders, used, t * rows * columns)
         pieces.append(_text_positions(start - index, position))
         position += start - index
         pieces.append(_grid_positions(t, rows, columns) + position)
         position += max(rows, columns)
-        index, used = start + t * rows * columns, used + t * rows * columns
-    if used != len(placeholders):
-        raise ValueError(f"{len(placeholders)} image placeholder tokens, but the images' grids hold {used}")
-    pieces.append(_text_positions(len(ids) - index, position))
+        index = start + t * rows * columns
+    pieces.append(_text_positions(num_tokens - index, position))
     positions = torch.cat(pieces, dim=1)
-    return positions, int(positions.max()) + 1 - len(ids) if len(ids) else 0
+    return positions, int(positions.max()) + 1 - num_tokens if num_tokens else 0
 
 
 def _placeholder_run(placeholders: list[int], first: int, length: int) -> int:

@@ -19,6 +19,8 @@ from sluice.worker.ops.attention_metadata import AttentionMetadata
 
 
 class QwenVisionLanguageLM(DecoderLM):
+    takes_images = True
+
     def __init__(self, config: ModelConfig, traits: ArchitectureTraits, ops):
         super().__init__(config, traits, ops)
         self.visual = VisionTransformer(config.vision, ops)
@@ -37,19 +39,14 @@ class QwenVisionLanguageLM(DecoderLM):
         return self.visual(pixel_values, image_grid_thw)
 
     def multimodal_hidden_states(self, input_ids: torch.Tensor, mrope_positions: torch.Tensor,
-                                 image_embeddings: torch.Tensor, cos_sin_cache: torch.Tensor, kv_caches,
-                                 meta: AttentionMetadata,
+                                 image_embeddings: torch.Tensor, image_rows: torch.Tensor, cos_sin_cache: torch.Tensor,
+                                 kv_caches, meta: AttentionMetadata,
                                  logits_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states of a step whose tokens sit at mrope_positions [3, num_tokens] (mrope.mrope_positions'
-        columns of each request's tokens; a text token's three equal), the rows of image_embeddings [num_placeholders,
-        hidden] in at its image placeholder tokens, in order. cos_sin_cache: the plain table (cos_sin_cache())."""
-        x = self.embed(input_ids)
-        placeholders = input_ids == self.config.vision.image_token_id
-        num_placeholders = int(placeholders.sum())
-        if num_placeholders != len(image_embeddings):
-            raise ValueError(f"{num_placeholders} image placeholder tokens, but {len(image_embeddings)} image "
-                             "embeddings")
-        x = x.masked_scatter(placeholders[:, None], image_embeddings.to(x.dtype))
+        columns of each request's tokens; a text token's three equal), the rows of image_embeddings [num_rows,
+        hidden] in at the step's tokens image_rows [num_rows] names (image placeholders). cos_sin_cache: the plain
+        table (cos_sin_cache())."""
+        x = self.embed(input_ids).index_copy(0, image_rows, image_embeddings.to(self.embed_tokens.weight.dtype))
         cos_sin = mrope_cos_sin(cos_sin_cache, mrope_positions, self.config.mrope_section)
         rows = torch.arange(len(input_ids), device=input_ids.device)
         return self.hidden_states_from_embeddings(x, rows, cos_sin, kv_caches, meta, logits_indices)

@@ -1,8 +1,10 @@
 """The worker's persistent state of each request, which the scheduler's diffs keep current."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from sluice.core.images import ImageInput
 from sluice.core.sampling_params import SamplingParams
 from sluice.core.step_plan import StepPlan
 
@@ -31,6 +33,9 @@ class RequestState:
     num_unverified: int = 0  # proposals of launched steps
     sampled_step: int = -1
     sampled_row: int = -1
+    images: list[ImageInput] = field(default_factory=list)  # in prompt order, without pixels
+    mrope_positions: torch.Tensor | None = None  # [3, num_prompt_tokens] int64, of a prompt with images
+    position_delta: int = 0  # a token past the prompt's last image sits at its index plus this
 
     @property
     def num_tokens(self) -> int:

@@ -5,7 +5,9 @@ A decode-only step of n requests replays the smallest captured graph of at least
 buffers, and each graph computes its step's positions, KV slots and context lengths itself from where each row's
 next token sits (`next_positions`), which it then advances. So the buffers carry one step into the next: once the
 step's sampled tokens are written into `input_ids` (`feed`), a step of some of those requests needs no inputs from
-the host but their rows (`keep_first`, `move_rows`) and the blocks they were given since (`set_blocks`).
+the host but their rows (`keep_first`, `move_rows`) and the blocks they were given since (`set_blocks`). A model
+whose tokens may rotate at positions other than their index (M-RoPE past a prompt's images: the index plus the
+request's delta) holds each row's delta too, which moves with the row.
 """
 import torch
 
@@ -30,8 +32,11 @@ class DecodeGraphs:
         self.block_size = kv_caches[0][0].shape[1]
         self.sizes = batch_size_ladder(max_batch_size)
         n = max_batch_size
-        self.token_inputs = torch.zeros(2, n, dtype=torch.int64, device=device)  # input ids, next positions
-        self.input_ids, self.next_positions = self.token_inputs
+        self.shifts_positions = model.takes_images
+        # input ids, next positions and, for shifts_positions, position deltas
+        self.token_inputs = torch.zeros(3 if self.shifts_positions else 2, n, dtype=torch.int64, device=device)
+        self.input_ids, self.next_positions = self.token_inputs[:2]
+        self.position_deltas = self.token_inputs[2] if self.shifts_positions else None
         self.live = torch.zeros(n, dtype=torch.bool, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)  # these three: computed by each replay
@@ -59,8 +64,11 @@ class DecodeGraphs:
         self.ops.decode_step_inputs(self.next_positions[:batch_size], self.live[:batch_size],
                                     self.block_tables[:batch_size], self.positions[:batch_size],
                                     self.slot_mapping[:batch_size], self.seq_lens[:batch_size], self.block_size)
-        return self.model(self.input_ids[:batch_size], self.positions[:batch_size], self.cos_sin_cache,
-                          self.kv_caches, self._metadata(batch_size, max_seq_len), None)
+        positions = self.positions[:batch_size]
+        if self.shifts_positions:
+            positions = positions + self.position_deltas[:batch_size]
+        return self.model(self.input_ids[:batch_size], positions, self.cos_sin_cache, self.kv_caches,
+                          self._metadata(batch_size, max_seq_len), None)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -78,13 +86,18 @@ class DecodeGraphs:
         return num_seqs <= self.sizes[-1]
 
     def run(self, token_inputs: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int,
-            row_groups: torch.Tensor | None = None) -> torch.Tensor:
+            row_groups: torch.Tensor | None = None, position_deltas: torch.Tensor | None = None) -> torch.Tensor:
         """A step of n rows 0..n-1. token_inputs: [2, n] int64 input ids and positions; block_tables: [n, width]
         int32 (entries past a request's blocks, or past the longest context, are never read); row_groups: int32 [n]
-        (AttentionMetadata's, of at most max_group_rows rows), None: each row alone."""
+        (AttentionMetadata's, of at most max_group_rows rows), None: each row alone; position_deltas: int64 [n], of
+        a model that shifts positions (None: all 0)."""
         n = token_inputs.shape[1]
         width = min(block_tables.shape[1], self.block_tables.shape[1])
-        self.token_inputs[:, :n].copy_(token_inputs)
+        self.token_inputs[:2, :n].copy_(token_inputs)
+        if position_deltas is not None:
+            self.position_deltas[:n].copy_(position_deltas)
+        elif self.shifts_positions:
+            self.position_deltas[:n].zero_()
         self.block_tables[:n, :width].copy_(block_tables[:, :width])
         if row_groups is not None:
             self.row_groups[:n].copy_(row_groups)

@@ -1,4 +1,5 @@
-"""The KV cache's share of a GPU: a worst-case step profiled under gpu_memory_utilization."""
+"""The KV cache's share of a GPU: a worst-case step (and a vision tower's worst-case pass) profiled under
+gpu_memory_utilization."""
 import torch
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
@@ -7,12 +8,19 @@ from sluice.worker.runner.kv_cache import allocate_kv_cache
 
 @torch.inference_mode()
 def profile_kv_cache_bytes(model, model_config, cos_sin_cache, block_size: int, dtype: torch.dtype,
-                           max_num_batched_tokens: int, max_num_seqs: int, gpu_memory_utilization: float) -> int:
-    """Runs a worst-case step (a full token budget of prefill, logits for max_num_seqs rows) and returns the bytes
-    left for the KV cache under gpu_memory_utilization of the whole device."""
+                           max_num_batched_tokens: int, max_num_seqs: int, gpu_memory_utilization: float,
+                           max_num_encoder_input_tokens: int = 0) -> int:
+    """Runs a worst-case step (a full token budget of prefill, logits for max_num_seqs rows; with
+    max_num_encoder_input_tokens, first the vision tower over one image of that many placeholders) and returns the
+    bytes left for the KV cache under gpu_memory_utilization of the whole device."""
     device = cos_sin_cache.device
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+    if max_num_encoder_input_tokens:
+        vision = model.config.vision
+        merge = vision.spatial_merge_size
+        grid_thw = torch.tensor([[1, merge, merge * max_num_encoder_input_tokens]])
+        model.image_embeddings(torch.zeros(int(grid_thw.prod()), vision.patch_dim, device=device), grid_thw)
     num_tokens = max_num_batched_tokens
     num_blocks = -(-num_tokens // block_size)
     kv_caches = allocate_kv_cache(model_config, num_blocks, block_size, dtype, device)

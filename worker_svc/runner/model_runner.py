@@ -12,6 +12,7 @@ from sluice.worker.runner.batch_state import BatchState, RequestState
 from sluice.worker.runner.decode_continuation import DecodeContinuation
 from sluice.worker.runner.draft_proposer import DraftProposer
 from sluice.worker.runner.forward_pass import ForwardPass
+from sluice.worker.runner.image_inputs import ImageInputs
 from sluice.worker.runner.kv_cache import copy_blocks
 from sluice.worker.runner.logits_rows import LogitsRows, logits_rows
 from sluice.worker.runner.step_inputs import SampledTokens, StepInputBuilder, StepInputs
@@ -67,6 +68,7 @@ class ModelRunner:
         attention = forward.model.layers[0].self_attn
         self.inputs = StepInputBuilder(block_size, device,
                                        rows_per_program(attention.num_heads, attention.num_kv_heads))
+        self.images = ImageInputs(forward.model, device) if forward.model.takes_images else None
         self.sampler = sampler
         self.drafter = drafter
         self._previous: SampledTokens | None = None
@@ -79,6 +81,8 @@ class ModelRunner:
         if self._unfinished and self.sampler.grammars.active:
             self.finish(self._unfinished[-1])  # grammar matchers advance on the host before the next mask
         self.batch.apply(plan)
+        if self.images is not None:
+            self.images.apply(plan, self.batch)
         self.sampler.apply(plan)
         if plan.block_copies:
             copy_blocks(self.kv_caches, plan.block_copies)
@@ -100,7 +104,8 @@ class ModelRunner:
             rows, inputs, drafts = self._inputs(plan, request_ids, states)
             logits, prompt_logprobs = self._logits(inputs, rows)
             sampling_rows = inputs.sampling_rows
-            decode_graph = not rows.prompt_groups and self.forward.fits_decode_graph(inputs.meta)
+            decode_graph = not rows.prompt_groups and inputs.images is None \
+                and self.forward.fits_decode_graph(inputs.meta)
         sample = self.sampler.sample(logits, rows.sample_request_ids, sampling_rows, plan.spec_token_ids, drafts)
         self._continuation = None
         every_request_sampled = len(rows.sample_request_ids) == len(request_ids)  # then in the graph rows' order
@@ -173,11 +178,17 @@ class ModelRunner:
         proposals = plan.spec_token_ids or {request_id: [0] * count for request_id, count in
                                             plan.num_draft_tokens.items()}
         rows = logits_rows(request_ids, states, query_lens, plan.num_proposed)
+        position_deltas = None
+        if self.images is not None and any(state.position_delta for state in states):
+            position_deltas = [state.position_delta for state in states]
         inputs = self.inputs.build(self.batch, states, query_lens, rows.token_indices,
                                    self.sampler.rows.indices(rows.sample_request_ids), self._previous,
-                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None)
+                                   [proposals.get(request_id, ()) for request_id in request_ids] if proposals else None,
+                                   position_deltas=position_deltas)
         if drafts is not None:
             self._place_drafts(inputs.input_ids, drafts, request_ids, query_lens)
+        if self.images is not None:
+            inputs.images = self.images.step_inputs(states, query_lens)
         return rows, inputs, drafts
 
     def _logits(self, inputs: StepInputs, rows: LogitsRows) -> tuple[torch.Tensor, LogprobTensors | None]:
@@ -185,8 +196,10 @@ class ModelRunner:
         if not rows.prompt_groups:
             at_every_token = rows.token_indices == list(range(inputs.input_ids.shape[0]))
             return self.forward.logits(inputs.token_inputs, inputs.meta,
-                                       None if at_every_token else inputs.logits_indices), None
-        x, residual = self.forward.hidden_states(inputs.token_inputs, inputs.meta, inputs.logits_indices)
+                                       None if at_every_token else inputs.logits_indices, inputs.images,
+                                       inputs.position_deltas), None
+        x, residual = self.forward.hidden_states(inputs.token_inputs, inputs.meta, inputs.logits_indices,
+                                                 inputs.images, inputs.position_deltas)
         num_samples = rows.num_sample_rows
         return (self.model.logits(x[:num_samples], residual[:num_samples]),
                 self._prompt_logprobs(x[num_samples:], residual[num_samples:], rows))

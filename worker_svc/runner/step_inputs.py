@@ -16,6 +16,7 @@ import torch
 
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.runner.batch_state import BatchState, RequestState
+from sluice.worker.runner.image_inputs import ImageStepInputs
 
 
 @dataclass(slots=True)
@@ -24,6 +25,8 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits] int64: the tokens whose logits the step needs
     sampling_rows: torch.Tensor  # [num_samples] int64: the sampling requests' rows in SamplingRows
+    images: ImageStepInputs | None = None  # a vision-language model's step that reaches a prompt's images
+    position_deltas: torch.Tensor | None = None  # [num_tokens] int64: added to each token's position for its rope
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -53,9 +56,10 @@ class StepInputBuilder:
 
     def build(self, batch: BatchState, states: list[RequestState], query_lens: list[int], logits_indices: list[int],
               sampling_rows: list[int], previous: SampledTokens | None, proposals: list[list[int]] | None = None,
-              starts: list[int] | None = None) -> StepInputs:
+              starts: list[int] | None = None, position_deltas: list[int] | None = None) -> StepInputs:
         """proposals: each request's proposed tokens, computed after its newest token (speculative decoding);
-        starts: where each request's tokens start (default: at its computed tokens; the draft model's may lag)."""
+        starts: where each request's tokens start (default: at its computed tokens; the draft model's may lag);
+        position_deltas: what each request's tokens' rope positions add to their index (None: nothing)."""
         n = len(states)
         starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, n) if starts is None \
             else np.asarray(starts, dtype=np.int64)
@@ -83,6 +87,7 @@ class StepInputBuilder:
         tables = batch.block_table[rows, :max_blocks]
         slots = tables[seq_index, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
+        token_deltas = () if position_deltas is None else np.asarray(position_deltas, dtype=np.int64)[seq_index]
         seq_lens = starts + lens
         row_groups = None
         if proposals is not None and num_tokens > n and \
@@ -98,13 +103,14 @@ class StepInputBuilder:
         if self._uploaded[self._turn] is not None:
             self._uploaded[self._turn].synchronize()
         longs = self._to_device(torch.int64, [np.stack([input_ids, positions, slots]), seq_index, query_pos,
-                                              logits_indices, sampling_rows, unresolved, unresolved_rows])
+                                              logits_indices, sampling_rows, unresolved, unresolved_rows,
+                                              token_deltas])
         ints = self._to_device(torch.int32, [query_start_loc, seq_lens, tables.ravel(),
                                              () if row_groups is None else row_groups])
         if self.device.type == "cuda":
             self._uploaded[self._turn] = torch.cuda.Event()
             self._uploaded[self._turn].record(self._stream)
-        token_inputs_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t = longs
+        token_inputs_t, seq_index_t, query_pos_t, logits_t, rows_t, unresolved_t, previous_t, deltas_t = longs
         token_inputs_t = token_inputs_t.view(3, num_tokens)
         if unresolved.size:
             token_inputs_t[0].index_copy_(0, unresolved_t, previous.token_ids.index_select(0, previous_t))
@@ -114,7 +120,8 @@ class StepInputBuilder:
             block_tables=tables_t.view(n, max_blocks), token_seq_index=seq_index_t, token_query_pos=query_pos_t,
             max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()),
             row_groups=None if row_groups is None else row_groups_t, max_group_rows=self.rows_per_program)
-        return StepInputs(token_inputs_t, meta, logits_t, rows_t)
+        return StepInputs(token_inputs_t, meta, logits_t, rows_t,
+                          position_deltas=None if position_deltas is None else deltas_t)
 
     def _to_device(self, dtype: torch.dtype, arrays: list) -> list[torch.Tensor]:
         """Packs arrays into one host buffer (pinned on a GPU) and copies it to the device at once. Each array starts

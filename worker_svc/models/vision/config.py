@@ -1,6 +1,8 @@
 """VisionConfig: the shape of a Qwen2.5-VL vision tower, read from a Hugging Face config.json's vision_config."""
 from dataclasses import dataclass
 
+from sluice.core.images import VisionInfo
+
 
 @dataclass(slots=True, frozen=True)
 class VisionConfig:
@@ -47,6 +49,11 @@ class VisionConfig:
     def patch_dim(self) -> int:
         """The values of one patch in pixel_values: channels x frames x pixels x pixels."""
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def info(self) -> VisionInfo:
+        """What the model expects of the images a scheduler sends it."""
+        return VisionInfo(self.image_token_id, self.spatial_merge_size, self.patch_dim)
 
     @property
     def merge_unit(self) -> int:
