@@ -7,9 +7,11 @@ Two kernels, picked by the number of rows:
   the group's zero points, multiplies by its scales (one row of each: a slice lies in one group) and feeds tl.dot in
   the activation dtype, accumulating in float32.
 - the decode kernel (a few rows): like kernels.fused_linear's one-row weight streams, a program owns BLOCK_N output
-  features of every row and streams their packed words once; each slice is dequantized once and multiplied into
-  each row in float32, without tensor cores.
-Both round the dequantized weight to the activation dtype first, as the reference (dequantize, then F.linear) does.
+  features of every row and streams their packed words once, in long K slices of several groups; each group's
+  4-bit values are summed against each row's inputs in float32 and scaled once, without tensor cores, so a weight
+  costs an unpack, a conversion and one multiply-add (the bound at batch 1 is the weights' bytes, not arithmetic).
+The GEMM rounds the dequantized weight to the activation dtype first, as the reference (dequantize, then F.linear)
+does; the decode kernel does not round it, and agrees with the reference to the activation dtype's rounding.
 """
 import torch
 import torch.nn.functional as F
@@ -93,20 +95,45 @@ def _w4a16_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program pid computes y[:M, cols] for output features cols = [pid * BLOCK_N, +BLOCK_N), M <= BLOCK_M: the
-    features' packed words are read once, each slice dequantized once and summed against every row in float32."""
+    features' packed words are read once. A K slice is SUBS runs of SUB inputs, each within one group (a slice holds
+    whole groups, or lies within one); each run's 4-bit values are summed against each row's inputs and scaled once:
+    sum((q - zero) * scale * x) = scale * (sum(q * x) - zero * sum(x)), in float32."""
     wait_for_inputs(PDL)
+    SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
+    SUBS: tl.constexpr = BLOCK_K // SUB
     pid_n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    runs = tl.arange(0, SUBS)
+    words_of_run = runs[:, None] * (SUB // 8) + tl.arange(0, SUB // 8)[None, :]  # [SUBS, SUB / 8]
+    inputs_of_run = 8 * words_of_run[:, :, None] + tl.arange(0, 8)[None, None, :]  # [SUBS, SUB / 8, 8]
+    shifts = 4 * tl.arange(0, 8)[None, None, :, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # without dots, pipelined only when asked
-        x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
-        w = _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS, GROUP, BLOCK_K,
-                               BLOCK_N).to(tl.float32)
+        words = tl.load(qweight_ptr + (k // 8 + words_of_run)[:, :, None] * N + cols[None, None, :])
+        q = ((words[:, :, None, :] >> shifts) & 0xF).to(tl.float32)  # [SUBS, SUB / 8, 8, BLOCK_N]
+        groups = (k + runs * SUB) // GROUP
+        scale = tl.load(scales_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)  # [SUBS, BLOCK_N]
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
+        else:
+            zero = _SYMMETRIC_ZERO
+        x_cols = _input_columns(perm_ptr, k + inputs_of_run, HAS_PERM)
         for m in tl.static_range(BLOCK_M):  # -- each row's product with the slice
             a = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_x + x_cols).to(tl.float32)  # rows past M: dropped
-            acc += tl.where(rows[:, None] == m, tl.sum(a[:, None] * w, 0)[None, :], 0.0)
+            qx = tl.sum(tl.sum(q * a[:, :, :, None], 2), 1)  # [SUBS, BLOCK_N]
+            ax = tl.sum(tl.sum(a, 2), 1)[:, None]
+            acc += tl.where(rows[:, None] == m, tl.sum(scale * (qx - zero * ax), 0)[None, :], 0.0)
     _store(out_ptr, acc, bias_ptr, rows, rows < M, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
+
+
+def _decode_block_k(group: int, k: int, largest: int) -> int:
+    """The decode kernel's K slice: the largest power of two up to `largest` that divides k and holds whole groups
+    or lies within one."""
+    block = largest
+    while k % block or (group % block and block % group):
+        block //= 2
+    return block
 
 
 def _block_k(group: int, largest: int) -> int:
@@ -117,20 +144,21 @@ def _block_k(group: int, largest: int) -> int:
     return block
 
 
-def w4a16_launch_config(m: int, n: int, group: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """The kernel (decode or GEMM) and its tiles for m rows of n output features."""
+def w4a16_launch_config(m: int, n: int, k: int, group: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The kernel (decode or GEMM) and its tiles for m rows of n output features and k inputs."""
     decode = m <= DECODE_ROWS
     if device.type != "cuda":  # NOTE: the interpreter pays per program and per loop step: few, large tiles
         tiles = dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(group, 128), num_warps=1)
         if decode:
-            return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), STAGES=1) | tiles
+            return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), STAGES=1) | tiles | dict(
+                BLOCK_K=_decode_block_k(group, k, 128))
         return dict(decode=False, BLOCK_M=min(64, max(16, triton.next_power_of_2(m))), GROUP_M=1) | tiles
     # NOTE: none of these tiles is measured yet (no GPU in the session that wrote them); the decode rule follows
     # fused_linear's measured one (a few features a program, long K slices, 4 warps), widened to 32 features so the
     # N-contiguous words load coalesced, and the GEMM rule follows kernels.fused_moe's table (itself vLLM's).
     # tests/kernels/w4a16_h200_compile.py checks each compiles for the H200 without spills, pipelined.
     if decode:
-        return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=32, BLOCK_K=_block_k(group, 128),
+        return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=16, BLOCK_K=_decode_block_k(group, k, 512),
                     STAGES=3, num_warps=4)
     if m <= 32:
         config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
@@ -156,9 +184,11 @@ def w4a16_linear(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    config = dict(launch_config or w4a16_launch_config(m, n, weight.group_size, x.dtype, x.device))
-    if weight.group_size % config["BLOCK_K"]:
-        raise ValueError(f"a K slice of {config['BLOCK_K']} crosses groups of {weight.group_size}")
+    config = dict(launch_config or w4a16_launch_config(m, n, weight.in_features, weight.group_size, x.dtype,
+                                                            x.device))
+    block_k, group = config["BLOCK_K"], weight.group_size
+    if group % block_k and (not config["decode"] or block_k % group or weight.in_features % block_k):
+        raise ValueError(f"a K slice of {block_k} crosses groups of {group}")
     args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(bias, x), out,
             m, n, weight.in_features, x.stride(0), out.stride(0))
     flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,

@@ -111,7 +111,7 @@ def test_both_kernels_take_few_rows(device, decode, m):
     """Odd N and a row count below the GEMM's row tile (masked rows), and the decode kernel's rows past M."""
     weight = _weight(128, 37, 32, torch.float32, device, True, True)
     x = torch.randn(m, 128, device=device)
-    config = w4a16_launch_config(m if decode else DECODE_ROWS + 1, 37, 32, torch.float32, device)
+    config = w4a16_launch_config(m if decode else DECODE_ROWS + 1, 37, 128, 32, torch.float32, device)
     assert config["decode"] == decode
     torch.testing.assert_close(w4a16_linear(x, weight, launch_config=config), w4a16_linear_ref(x, weight),
                                **TOL[torch.float32])

@@ -26,7 +26,7 @@ def describe(name: str, compiled) -> str:
 
 
 def compiled(rows: int, zeros: bool, act_order: bool):
-    config = w4a16_launch_config(rows, 14336, GROUP, torch.bfloat16, torch.device("cuda"))
+    config = w4a16_launch_config(rows, 4096, 14336, GROUP, torch.bfloat16, torch.device("cuda"))
     options = dict(num_warps=config.pop("num_warps"), num_stages=config.pop("num_stages", 3))
     decode = config.pop("decode")
     kernel = _w4a16_decode_kernel if decode else _w4a16_gemm_kernel
