@@ -52,12 +52,17 @@ class SamplingVariant:
         return params
 
 
-def sampling_variants(vocab_size: int) -> list[SamplingVariant]:
-    """Every variant a step over a vocabulary of vocab_size can select."""
+def draw_variants(vocab_size: int) -> list[SamplingVariant]:
+    """A variant of each way to draw, with each set of filters and each candidate width, over vocab_size tokens."""
     draws = [SamplingVariant(), SamplingVariant("temperature")]
     draws += [SamplingVariant("candidates", frozenset({"top_k", *others}), top_k)
               for top_k in _top_k_of_each_width(vocab_size) for others in _subsets(("top_p", "min_p"))]
-    draws += [SamplingVariant("vocabulary", filters) for filters in _subsets(FILTERS) if filters]
+    return draws + [SamplingVariant("vocabulary", filters) for filters in _subsets(FILTERS) if filters]
+
+
+def sampling_variants(vocab_size: int) -> list[SamplingVariant]:
+    """Every variant a step over a vocabulary of vocab_size can select."""
+    draws = draw_variants(vocab_size)
     return [*draws,
             *(replace(variant, proposals=proposals) for proposals in PROPOSALS[1:] for variant in draws),
             *(SamplingVariant(logprobs=num_top) for num_top in range(MAX_LOGPROBS + 1)),
