@@ -107,3 +107,9 @@ def test_the_warm_up_leaves_the_worker_no_sampling_state():
     assert (sampler.rows.num_logprob_rows, sampler.grammars.active, engine.num_live_requests) == (0, False, 0)
     with pytest.raises(KeyError):
         sampler.rows.params("warm-up-1-0")
+
+
+def test_the_warm_up_draws_nothing_from_torch_s_generator():
+    state = torch.get_rng_state()
+    warm_up_sampler(VOCAB, torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), state)
