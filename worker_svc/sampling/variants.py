@@ -14,11 +14,9 @@ from sluice.core.logprobs import MAX_LOGPROBS
 from sluice.core.sampling_params import SamplingParams
 from sluice.worker.sampling.ops import TOP_K_CANDIDATES, candidate_width
 
-DRAWS = ("greedy", "temperature", "candidates", "vocabulary")
 FILTERS = ("top_k", "top_p", "min_p")
 PROPOSALS = ("", "ngram", "draft")
-TRANSFORMS = ("penalties", "logit_bias", "min_tokens", "bad_words", "allowed_tokens")
-_TRANSFORM_PARAMS = {
+TRANSFORMS = {  # name -> the parameters that use it
     "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2},
     "logit_bias": {"logit_bias": {1: 2.0}},
     "min_tokens": {"min_tokens": 4, "stop_token_ids": [2]},
@@ -29,17 +27,17 @@ _TRANSFORM_PARAMS = {
 
 @dataclass(frozen=True, slots=True)
 class SamplingVariant:
-    draw: str = "greedy"  # one of DRAWS
+    draw: str = "greedy"  # greedy, temperature (no filter), candidates (of the most likely tokens) or vocabulary
     filters: frozenset[str] = field(default_factory=frozenset)  # of FILTERS; candidates always have top_k
     top_k: int = 0  # candidates: the top_k that picks the width
     logprobs: int | None = None  # alternatives asked for, of the sampled and the prompt tokens
-    transform: str = ""  # one of TRANSFORMS, or none
+    transform: str = ""  # a name of TRANSFORMS, or none
     proposals: str = ""  # one of PROPOSALS
 
     def params(self, seed: int) -> SamplingParams:
         """One request's parameters that select this variant."""
         params = SamplingParams(temperature=0.0, logprobs=self.logprobs, prompt_logprobs=self.logprobs,
-                                **_TRANSFORM_PARAMS.get(self.transform, {}))
+                                **TRANSFORMS.get(self.transform, {}))
         if self.draw == "greedy":
             return params
         params.temperature, params.seed = 0.8, seed
