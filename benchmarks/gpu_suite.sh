@@ -11,6 +11,9 @@
 #   sampling    the sampling tests on the GPU (its kernels against the torch path), the sampling step alone at 256 x
 #               151,936, and the standard workload greedy and sampled through gRPC
 #   kernels     the kernel tests and benchmarks
+#   warmup      no request pays for a compile: the sampler warm-up's tests (no step compiles after it), then each
+#               sampling variant's first request on a stack with an empty compile cache against a stack on the warm
+#               cache, with both start-ups and the warm-up in them (benchmarks/first_request.py)
 #   linear      small-batch linear layers: a launch-config sweep, and fused against unfused (benchmarks/kernel_linear.py)
 #   fp8linear   the same sweep over FP8 weights (Llama-3.1-8B)
 #   fp8rows     Llama-3.1-8B's FP8 GEMMs by row count, as they are against padded (benchmarks/scaled_mm_rows.py)
@@ -151,6 +154,11 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     window)
       timeout 420 python3 benchmarks/sliding_window.py "$OUT/sliding_window.json" 2>&1 \
         | grep -v -e Warning -e STAGE: -e USDT: | tail -30 ;;
+    warmup)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider tests/worker/test_sampler_warm_up.py 2>&1 | tail -3 \
+        | tee "$OUT/warm_up_tests.txt"
+      timeout 900 python3 benchmarks/first_request.py --model Qwen3-0.6B "${DUMMY[@]}" 2>&1 \
+        | grep -v -e Warning -e INFO | tail -14 | tee "$OUT/first_request.txt" ;;
     kernels)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels 2>&1 | tail -5 | tee "$OUT/kernel_tests.txt"
       timeout 120 python3 benchmarks/kernel_timings.py "$OUT/kernels.json" 2>&1 | tail -40 ;;

@@ -19,7 +19,7 @@ def _hash32(x):
     return x ^ (x >> 16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # one compiled variant for every batch size
 def _seeded_uniform_kernel(seeds_ptr, positions_ptr, out_ptr, num_rows, seed_stride, seed_word_stride,
                            position_stride, stream, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -4,10 +4,10 @@ import math
 
 from sluice.core.errors import InvalidArgument
 from sluice.core.grammar import grammar_error, grammar_for
+from sluice.core.logprobs import MAX_LOGPROBS
 from sluice.core.sampling_params import SamplingParams
 
 MAX_N = 16
-MAX_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256

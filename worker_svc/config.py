@@ -38,6 +38,10 @@ class WorkerConfig:
                                     help="no programmatic dependent launch: on Hopper and newer, each kernel of the "
                                          "decode path otherwise starts while the one before it finishes")
     kernels: str = option("auto", choices=KERNELS, help="auto: Triton kernels on a GPU, plain torch on the CPU")
+    compile_cache: str = option("", help="a folder for the kernels that Triton and torch inductor compile (their "
+                                         "TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): on a volume that outlives "
+                                         "the process, a restarted worker compiles none again; empty: their own "
+                                         "defaults")
     seed: int = 0
     tensor_parallel_size: int = option(1, short="-tp",
                                        help="worker processes (ranks) that serve one model replica together; with "

@@ -1,4 +1,5 @@
 """The worker's core object: KV cache, CUDA graphs and steps, over the models a ModelLoader built."""
+import time
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from sluice.worker.runner.rank_samplers import DriverSampler, FollowerSampler
 from sluice.worker.sampling.rows import SamplingRows
 from sluice.worker.sampling.step import StepSampler
 from sluice.worker.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
+from sluice.worker.sampling.warm_up import warm_up_sampler
 
 
 class WorkerEngine:
@@ -39,6 +41,7 @@ class WorkerEngine:
         self.model = loaded.model
         self.draft_config, self.draft_model = loaded.draft_config, loaded.draft_model
         self.runner: ModelRunner | None = None
+        self.warm_up_seconds = 0.0  # init_cache's sampler warm-up
 
     @classmethod
     def load(cls, config: WorkerConfig, group: TensorParallelGroup | None = None) -> "WorkerEngine":
@@ -50,10 +53,12 @@ class WorkerEngine:
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
                    max_num_seqs: int = 256, max_model_len: int = 8192, max_num_encoder_input_tokens: int = 0,
                    encoder_cache_size: int = 0) -> int:
-        """Allocates the KV cache (num_blocks 0: sized from the memory budget) and captures the CUDA graphs. With
-        a draft model, each block also holds the draft's KV of its slots, in a cache of the draft's own. A model that
-        takes images keeps the memory of its vision tower's pass over max_num_encoder_input_tokens placeholders and
-        of encoder_cache_size placeholders' outputs out of the KV cache's."""
+        """Allocates the KV cache (num_blocks 0: sized from the memory budget), captures the CUDA graphs (each
+        decode batch size's and prefill size's pass runs once before its capture, which compiles its kernels) and
+        warms the sampler up (sampling.warm_up): no request compiles a kernel. With a draft model, each block also
+        holds the draft's KV of its slots, in a cache of the draft's own. A model that takes images keeps the memory
+        of its vision tower's pass over max_num_encoder_input_tokens placeholders and of encoder_cache_size
+        placeholders' outputs out of the KV cache's."""
         self.runner = None  # a worker set up again (its scheduler lost it) frees the old cache first
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = self.model.cos_sin_cache(max_model_len).to(self.device)
@@ -77,6 +82,9 @@ class WorkerEngine:
             drafter = DraftProposer(graphed(self.draft_model, draft_caches,
                                             self.draft_model.cos_sin_cache(max_model_len).to(self.device)),
                                     block_size, self.device)
+        started = time.perf_counter()
+        warm_up_sampler(self.model_config.vocab_size, self.device)
+        self.warm_up_seconds = time.perf_counter() - started
         self.runner = ModelRunner(forward, block_size, self.device, self._sampler(), drafter)
         return num_blocks
 

@@ -56,6 +56,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise
         log.info("KV cache: %d blocks of %d tokens in %s", num_blocks, request.block_size,
                  self.engine.config.kv_cache_dtype_name)
+        log.info("sampler warm-up: %.2f s", self.engine.warm_up_seconds)
+        self.telemetry.metrics.warm_up_seconds.set(self.engine.warm_up_seconds)
         return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
 
     async def Execute(self, request_iterator, context):

@@ -21,6 +21,9 @@ class WorkerMetrics:
                                           list(labels), buckets=_ITERATION_TOKENS, registry=registry).labels(**labels)
         self.num_requests = Gauge("sluice:worker_num_requests", "Requests whose state the worker holds.",
                                   list(labels), registry=registry).labels(**labels)
+        self.warm_up_seconds = Gauge("sluice:worker_warm_up_seconds",
+                                     "Time the last KV cache set-up spent warming the sampler's kernels up.",
+                                     list(labels), registry=registry).labels(**labels)
 
 
 class WorkerStepTelemetry:

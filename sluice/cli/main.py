@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sluice.cli.bench.commands import add_bench_commands
+from sluice.cli.compile_cache import use_compile_cache
 from sluice.cli.generate_command import add_generate_command
 from sluice.cli.model_store import default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
@@ -130,6 +131,7 @@ def _add_worker(commands) -> None:
 
 
 def _worker(args) -> None:
+    use_compile_cache(args.compile_cache)
     from sluice.cli.rank_group import rank_device, run_rank_group
     from sluice.worker.server import serve
 

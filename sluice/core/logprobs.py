@@ -1,6 +1,8 @@
 """Log probabilities of sampled and prompt tokens, packed: one request's (Logprobs) or several (LogprobRows)."""
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for, per token (logprobs and prompt_logprobs)
+
 
 @dataclass(slots=True)
 class Logprobs:

@@ -38,6 +38,10 @@ def test_every_service_exposes_its_vllm_series(services):
     assert {"sluice:worker_step_seconds", "vllm:iteration_tokens_total"} <= _families(services, "worker")
 
 
+def test_the_worker_reports_its_warm_up(services):
+    assert _scrape(services, "worker")["sluice:worker_warm_up_seconds"] > 0
+
+
 def test_series_move_under_load(services):
     router_before, scheduler_before = _scrape(services, "router"), _scrape(services, "scheduler")
     prompt = "Write a poem about the sea, the wind and the long grey waves that break upon the shore."

@@ -1,6 +1,6 @@
 """Every manifest of k8s/ (the base and each overlay, rendered by the real kustomize) is valid against the Kubernetes
 schemas and keeps the operational promises: native gRPC probes, drains that fit the grace period, headless Services,
-OTel wiring."""
+OTel wiring, compiled kernels kept on a volume."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +13,8 @@ from sluice.cli.main import build_parser
 
 K8S = Path(__file__).parents[2] / "k8s"
 KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu",
-                  "gateway": K8S / "overlays" / "gateway"}
+                  "gateway": K8S / "overlays" / "gateway",
+                  "gpu-shared-compile-cache": K8S / "overlays" / "gpu-shared-compile-cache"}
 READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
 CLOSE_SECONDS = 10  # a process's own stop after its drain: its server, its spans, a worker's ranks (5 s)
 
@@ -127,8 +128,8 @@ def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
         assert shm["emptyDir"]["medium"] == "Memory"
         assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
         gpus = worker["resources"].get("limits", {}).get("nvidia.com/gpu")
-        assert (gpus is not None) == (name == "gpu")
-        assert (_option(worker["args"], "device") == "cuda") == (name == "gpu")
+        assert (gpus is not None) == name.startswith("gpu")
+        assert (_option(worker["args"], "device") == "cuda") == name.startswith("gpu")
         if gpus is not None:  # one GPU per tensor-parallel rank, and the scheduler dials every rank
             tensor_parallel_size = _option(worker["args"], "tensor_parallel_size")
             assert gpus == tensor_parallel_size > 1
@@ -137,6 +138,23 @@ def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
             assert ranks == [f"sluice-worker-0.sluice-worker:{50053 + rank}" for rank in range(gpus)]
             for rank in range(1, gpus):
                 assert {"name": f"grpc-rank{rank}", "containerPort": 50053 + rank} in worker["ports"]
+
+
+def test_workers_keep_compiled_kernels_on_a_volume_of_their_pod_or_on_a_shared_claim():
+    for name, directory in KUSTOMIZATIONS.items():
+        documents = render(directory)
+        pod, worker = next((p, c) for p, c in _containers(documents) if c["name"] == "worker")
+        folder = _option(worker["args"], "compile_cache")
+        mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == folder)
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        claims = [d for d in documents if d["kind"] == "PersistentVolumeClaim"]
+        if name != "gpu-shared-compile-cache":
+            assert set(volume) == {"name", "emptyDir"} and not claims
+            continue
+        assert [claim["metadata"]["name"] for claim in claims] == [volume["persistentVolumeClaim"]["claimName"]]
+        assert set(volume) == {"name", "persistentVolumeClaim"}
+        assert claims[0]["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
 
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.worker.sampling import kernel_path
 from sluice.worker.sampling.most_likely import most_likely
 from sluice.worker.sampling.seeded_random import seeded_uniform
 from sluice.worker.sampling.threshold import ordered_keys, threshold_key
@@ -88,7 +89,7 @@ def _sampled(logits: torch.Tensor, draws: RandomDraws | None) -> torch.Tensor:
         return row_maxima(logits)[1]
     maxima, greedy_tokens = row_maxima(logits)
     uniform = seeded_uniform(draws.seeds, draws.output_positions)
-    if logits.is_cuda:
+    if kernel_path.runs_kernels(logits):
         return torch.where(draws.temperature == 0, greedy_tokens, _drawn_on_gpu(logits, maxima, draws, uniform))
     token_ids, weights = sampling_weights(logits, draws)
     return torch.where(draws.temperature == 0, greedy_tokens, drawn_tokens(token_ids, weights, uniform))
@@ -98,7 +99,7 @@ def row_maxima(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's largest logit and the first token that has it, as torch.max(dim=-1) finds them; on a GPU spread
     over the device (kernels.row_max), where torch reduces a row on one SM (H200, one row of 128,256: 26.4 against
     3.1 us, benchmarks/row_max.py)."""
-    if not logits.is_cuda:
+    if not kernel_path.runs_kernels(logits):
         return logits.max(dim=-1)
     from sluice.kernels.row_max import row_max
 
@@ -167,7 +168,7 @@ def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     weights: [batch, n] int64. A wide row is searched in two levels, slices' sums then one slice, rather than by a
     cumulative sum over the whole row; on a GPU, kernels.weighted_draw sums every row's chunks at once, then scans the
     chunk where the row crosses. The sums are exact, so all three find the same index."""
-    if weights.is_cuda:
+    if kernel_path.runs_kernels(weights):
         from sluice.kernels.weighted_draw import weighted_draw  # every CUDA build of torch brings Triton
         return weighted_draw(weights, uniform)
     batch, n = weights.shape

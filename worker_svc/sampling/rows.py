@@ -23,7 +23,7 @@ _F = {name: i for i, name in enumerate(_FLOATS)}
 _I = {name: i for i, name in enumerate(_INTS)}
 
 
-class _Uses:
+class RowUses:
     """What a row needs of a step's sampling, as bits found once when it joins: a step ORs (and ANDs) its rows' bits
     instead of asking every row's parameters one question at a time. Plain ints: an enum's operators cost a call."""
 
@@ -49,7 +49,7 @@ class _Uses:
         return sum(flag for flag, used in uses.items() if used)
 
 
-_FILTERS = _Uses.TOP_K | _Uses.TOP_P | _Uses.MIN_P
+_FILTERS = RowUses.TOP_K | RowUses.TOP_P | RowUses.MIN_P
 
 
 @dataclass(slots=True)
@@ -114,7 +114,7 @@ class SamplingRows:
             output_ids: list[int]) -> None:
         if not self._free:
             self._grow()
-        row = self._rows[request_id] = _Row(self._free.pop(), params, _Uses.of(params))
+        row = self._rows[request_id] = _Row(self._free.pop(), params, RowUses.of(params))
         self.num_logprob_rows += params.logprobs is not None
         i = row.index
         floats = [0.0 if params.greedy else params.temperature, params.top_p, params.min_p, params.presence_penalty,
@@ -160,37 +160,37 @@ class SamplingRows:
         uses = [row.uses for row in rows]
         any_uses, all_uses = reduce(or_, uses, 0), reduce(and_, uses, -1)
         tensors = SamplingTensors()
-        draws, penalties, min_tokens = (bool(any_uses & use) for use in (_Uses.DRAW, _Uses.PENALTIES,
-                                                                         _Uses.MIN_TOKENS))
+        draws, penalties, min_tokens = (bool(any_uses & use) for use in (RowUses.DRAW, RowUses.PENALTIES,
+                                                                         RowUses.MIN_TOKENS))
         floats = self._floats[index] if draws or penalties else None  # an all-greedy batch gathers neither
         ints = self._ints[index] if draws or min_tokens else None
         if draws:
             tensors.draws = RandomDraws(
                 temperature=floats[:, _F["temperature"]],
-                top_k=ints[:, _I["top_k"]] if any_uses & _Uses.TOP_K else None,
-                top_p=floats[:, _F["top_p"]] if any_uses & _Uses.TOP_P else None,
-                min_p=floats[:, _F["min_p"]] if any_uses & _Uses.MIN_P else None,
+                top_k=ints[:, _I["top_k"]] if any_uses & RowUses.TOP_K else None,
+                top_p=floats[:, _F["top_p"]] if any_uses & RowUses.TOP_P else None,
+                min_p=floats[:, _F["min_p"]] if any_uses & RowUses.MIN_P else None,
                 seeds=ints[:, _I["seed_low"]:_I["seed_high"] + 1],
                 output_positions=ints[:, _I["num_output"]],
                 filter_width=self._filter_width(rows, any_uses, all_uses))
         if penalties:
-            listed = Counter(row.index for row in rows if row.uses & _Uses.PENALTIES)
+            listed = Counter(row.index for row in rows if row.uses & RowUses.PENALTIES)
             self._history.make_room(list(listed), [count - 1 for count in listed.values()])
             tensors.penalties = self._history.penalties(index, floats[:, _F["presence"]], floats[:, _F["frequency"]],
                                                         floats[:, _F["repetition"]], preceding)
         sparse = []
-        if any_uses & _Uses.LOGIT_BIAS:
+        if any_uses & RowUses.LOGIT_BIAS:
             sparse.append((self._logit_bias.ids[index], self._logit_bias.values[index]))
         if min_tokens:
             still_short = (ints[:, _I["num_output"]] < ints[:, _I["min_tokens"]]).unsqueeze(1)
             bans = self._min_tokens_bans
             sparse.append((bans.ids[index], torch.where(still_short, bans.values[index], 0.0)))
-        if any_uses & _Uses.BAD_WORDS:
+        if any_uses & RowUses.BAD_WORDS:
             sparse.append(self._bad_words.bans(index))
         if sparse:
             tensors.sparse = SparseLogits(torch.cat([ids for ids, _ in sparse], dim=1),
                                           torch.cat([values for _, values in sparse], dim=1))
-        if any_uses & _Uses.ALLOWED_TOKENS:
+        if any_uses & RowUses.ALLOWED_TOKENS:
             listed = torch.zeros(len(rows), self.vocab_size + 1, dtype=torch.bool, device=self.device)
             listed = listed.scatter_(1, self._allowed.ids[index], True)[:, :self.vocab_size]  # padding lands past it
             tensors.allowed = listed | ~listed.any(dim=1, keepdim=True)  # a row with no list allows every token
@@ -201,8 +201,8 @@ class SamplingRows:
         top-k; else the whole vocabulary."""
         if not any_uses & _FILTERS:
             return None
-        if all_uses & _Uses.CANDIDATES_SUFFICE:
-            return candidate_width(max(row.params.top_k for row in rows if row.uses & _Uses.DRAW), self.vocab_size)
+        if all_uses & RowUses.CANDIDATES_SUFFICE:
+            return candidate_width(max(row.params.top_k for row in rows if row.uses & RowUses.DRAW), self.vocab_size)
         return self.vocab_size
 
     def record(self, index: torch.Tensor, token_ids: torch.Tensor) -> None:

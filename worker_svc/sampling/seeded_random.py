@@ -7,6 +7,8 @@ Triton kernel (kernels.seeded_uniform) computes the same numbers that the eighty
 """
 import torch
 
+from sluice.worker.sampling import kernel_path
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -28,7 +30,7 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
     """seeds: [batch, 2] int64 (low, high 32 bits); positions: [batch] int64; stream: below 2**32, mixed into the
     seeds' high words (a second sequence per seed) -> [batch] float64, uniform in (0, 1)."""
-    if seeds.is_cuda:
+    if kernel_path.runs_kernels(seeds):
         from sluice.kernels.seeded_uniform import seeded_uniform as kernel  # every CUDA build of torch brings Triton
         return kernel(seeds, positions, stream)
     return seeded_uniform_torch(seeds, positions, stream)

@@ -7,6 +7,8 @@ On a GPU, where the scatter-adds of a row's many keys into few bins queue up, ke
 key without atomics."""
 import torch
 
+from sluice.worker.sampling import kernel_path
+
 _DIGITS = 256
 
 
@@ -22,7 +24,7 @@ def threshold_key(keys: torch.Tensor, weights: torch.Tensor | None,
     the weight of those larger keys; and the weight of the keys equal to it. keys: [batch, n] from ordered_keys;
     weights: [batch, n] int64 >= 0, or None where every key weighs 1; limit: [batch] int64, positive, at most the
     row's total weight."""
-    if keys.is_cuda:
+    if kernel_path.runs_kernels(keys):
         from sluice.kernels.threshold_search import threshold_search  # every CUDA build of torch brings Triton
         return threshold_search(keys, weights, limit)[:3]
     if weights is None:

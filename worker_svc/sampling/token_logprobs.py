@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from sluice.core.logprobs import LogprobRows
+from sluice.worker.sampling import kernel_path
 
 
 @dataclass(slots=True)
@@ -46,7 +47,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, groups: list[t
     logits as they are (a logprob is the logit less the row's logsumexp): no second [rows, vocab] tensor is made. On
     a GPU one kernel (kernels.logprob_stats) reads the logits once for all of them."""
     chosen = logits.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-    if logits.is_cuda:
+    if kernel_path.runs_kernels(logits):
         from sluice.kernels.logprob_stats import logprob_stats  # every CUDA build of torch brings Triton
         normaliser, ranks, top_logits, top_ids = logprob_stats(logits, token_ids, num_top)
     else:

@@ -10,6 +10,7 @@ from sluice.cli.bench.report import format_summary, summarize
 from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import (BenchRequest, as_text, length_ranges, nano_vllm_workload, random_workload,
                                        read_workload, write_workload)
+from sluice.cli.compile_cache import use_compile_cache
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
                                       scheduler_flags, scheduler_options, worker_config, worker_flags)
 
@@ -154,6 +155,7 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
 def _offline_engine(args, enable_prefix_caching: bool):
     if args.tensor_parallel_size > 1:
         raise SystemExit("--in-process runs one worker; a tensor-parallel replica is measured through the gRPC stack")
+    use_compile_cache(args.compile_cache)
     from sluice.cli.offline import OfflineEngine
     from sluice.worker.engine import WorkerEngine
 
