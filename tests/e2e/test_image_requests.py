@@ -1,12 +1,17 @@
 """Images through a real router on loopback, in front of a scheduler that records what reaches it: a vision-language
 model's chat with images arrives as the prompt and ImageInputs that the router's processor makes in process (from the
 client and from `sluice generate --image`); the router's limits and bad images are INVALID_ARGUMENT naming the part,
-and submit nothing; a text model refuses images, naming the part."""
+and submit nothing; a text model refuses images, naming the part. vLLM's engine protocol takes the same images as smg
+sends them preprocessed (mm_inputs), with its own bounds."""
 import subprocess
 import sys
 
 import grpc
+import numpy as np
 import pytest
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, chat_request
@@ -15,6 +20,7 @@ from sluice.router.chat_pb import chat_from_pb
 from sluice.router.multimodal.vision_prompts import VisionPrompts
 from sluice.router.tokenizer import RouterTokenizer
 from sluice.v1 import generation_pb2 as pb
+from sluice.v1 import scheduler_pb2
 from tests.router.images import png, user_message
 from tests.router.recording_scheduler import recording_scheduler, router_over
 
@@ -124,3 +130,74 @@ def test_a_text_model_refuses_an_image_naming_the_part(default_model_dir):
         result = client.generate(_chat(user_message("Say", "hi")))
         expected = RouterTokenizer(default_model_dir).encode_chat([{"role": "user", "content": "Say\nhi"}])
         assert list(scheduler.submits[result.request_id].prompt_token_ids) == expected
+        with pytest.raises(grpc.RpcError) as refused:
+            _engine_generate(router, [1, 2, 3], vllm.MultimodalInputs(), "")
+        assert refused.value.details() == "mm_inputs: the model SmolLM2-135M-Instruct takes no images"
+
+
+def _mm_inputs(submit: scheduler_pb2.Submit) -> vllm.MultimodalInputs:
+    """The Submit's images as smg sends them for a Qwen-VL model: all pixel values in one tensor, image_grid_thw a
+    row per image, a placeholder range per image."""
+    pixels = b"".join(image.pixel_values for image in submit.images)
+    rows = sum(image.pixel_shape[0] for image in submit.images)
+    grids = np.array([list(image.grid_thw) for image in submit.images], dtype="<i8")
+    return vllm.MultimodalInputs(
+        pixel_values=vllm.TensorData(shape=[rows, submit.images[0].pixel_shape[1]], dtype="float32", inline=pixels),
+        model_specific_tensors={"image_grid_thw": vllm.TensorData(shape=list(grids.shape), dtype="int64",
+                                                                  inline=grids.tobytes())},
+        im_token_id=49155, mm_placeholders=[vllm.PlaceholderRange(offset=image.offset, length=image.length)
+                                            for image in submit.images],
+        batched_keys=["image_grid_thw"], flat_keys={"pixel_values": "patches_per_image"}, modality=common_pb2.IMAGE)
+
+
+def _engine_generate(router: str, token_ids: list[int], mm_inputs: vllm.MultimodalInputs, request_id: str) -> None:
+    with grpc.insecure_channel(router) as channel:
+        request = vllm.GenerateRequest(request_id=request_id, tokenized=vllm.TokenizedInput(input_ids=token_ids),
+                                       sampling_params=vllm.SamplingParams(max_tokens=4, top_p=1.0, repetition_penalty=1.0, n=1),
+                                       mm_inputs=mm_inputs)
+        list(vllm_engine_pb2_grpc.VllmEngineStub(channel).Generate(request))
+
+
+@pytest.fixture(scope="module")
+def native_submit(vl) -> scheduler_pb2.Submit:
+    scheduler, client, _ = vl
+    result = client.generate(_chat(user_message(SMALL, "and", SQUARE), max_tokens=4))
+    return scheduler.submits[result.request_id]
+
+
+def test_the_engine_protocols_mm_inputs_make_the_native_apis_images(vl, native_submit):
+    scheduler, _, router = vl
+    _engine_generate(router, list(native_submit.prompt_token_ids), _mm_inputs(native_submit), "engine-images")
+    submit = scheduler.submits["engine-images"]
+    assert (submit.prompt_token_ids, list(submit.images)) == (native_submit.prompt_token_ids,
+                                                              list(native_submit.images))
+
+
+def _edited(native_submit, edit) -> vllm.MultimodalInputs:
+    mm_inputs = _mm_inputs(native_submit)
+    edit(mm_inputs)
+    return mm_inputs
+
+
+def _grids(mm_inputs: vllm.MultimodalInputs, grids: list[list[int]]) -> None:
+    mm_inputs.model_specific_tensors["image_grid_thw"].CopyFrom(vllm.TensorData(
+        shape=[len(grids), 3], dtype="int64", inline=np.array(grids, dtype="<i8").tobytes()))
+
+
+@pytest.mark.parametrize("edit, details", [
+    (lambda m: _grids(m, [[1, 2, 2]] * 3), "mm_inputs.model_specific_tensors[image_grid_thw]: 3 images; at most 2"),
+    (lambda m: _grids(m, [[1, 16, 16], [1, 4, 4]]),
+     "mm_inputs.model_specific_tensors[image_grid_thw][0]: the image has 1024 pixels; at most 256"),
+    (lambda m: m.mm_placeholders[0].MergeFrom(vllm.PlaceholderRange(length=3)), "mm_inputs.mm_placeholders[0]: "),
+    (lambda m: m.pixel_values.MergeFrom(vllm.TensorData(dtype="bfloat16")), "mm_inputs.pixel_values: dtype"),
+    (lambda m: m.pixel_values.shm.MergeFrom(common_pb2.ShmHandle()), "mm_inputs.pixel_values: send the tensor inline"),
+    (lambda m: m.MergeFrom(vllm.MultimodalInputs(modality=common_pb2.VIDEO)), "mm_inputs.modality: only images"),
+])
+def test_bad_mm_inputs_are_invalid_argument_naming_the_field(vl, native_submit, edit, details):
+    scheduler, _, router = vl
+    before = len(scheduler.submits)
+    with pytest.raises(grpc.RpcError) as error:
+        _engine_generate(router, list(native_submit.prompt_token_ids), _edited(native_submit, edit), "")
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(details), error.value.details()
+    assert len(scheduler.submits) == before
