@@ -152,9 +152,9 @@ def _mm_inputs(submit: scheduler_pb2.Submit) -> vllm.MultimodalInputs:
 
 def _engine_generate(router: str, token_ids: list[int], mm_inputs: vllm.MultimodalInputs, request_id: str) -> None:
     with grpc.insecure_channel(router) as channel:
+        sampling = vllm.SamplingParams(max_tokens=4, top_p=1.0, repetition_penalty=1.0, n=1)  # as smg fills them
         request = vllm.GenerateRequest(request_id=request_id, tokenized=vllm.TokenizedInput(input_ids=token_ids),
-                                       sampling_params=vllm.SamplingParams(max_tokens=4, top_p=1.0, repetition_penalty=1.0, n=1),
-                                       mm_inputs=mm_inputs)
+                                       sampling_params=sampling, mm_inputs=mm_inputs)
         list(vllm_engine_pb2_grpc.VllmEngineStub(channel).Generate(request))
 
 
