@@ -41,7 +41,13 @@ def _decoded(image: ChatImage) -> Image.Image:
         raise InvalidArgument(image.field, f"the media type {image.media_type!r} is not an image's")
     try:
         decoded = Image.open(io.BytesIO(image.data))
+    except Exception as error:  # PIL raises many kinds on bad data
+        raise InvalidArgument(image.field, f"the image cannot be decoded: {error}") from error
+    if decoded.width * decoded.height > Image.MAX_IMAGE_PIXELS:
+        raise InvalidArgument(image.field, f"the image has {decoded.width} x {decoded.height} pixels; at most "
+                                           f"{Image.MAX_IMAGE_PIXELS} are decoded")
+    try:
         decoded.load()
-    except Exception as error:  # PIL raises many kinds on bad data; a decompression bomb too
+    except Exception as error:
         raise InvalidArgument(image.field, f"the image cannot be decoded: {error}") from error
     return decoded

@@ -18,7 +18,7 @@ _INTEGERS = ("int64", "int32", "uint32")
 
 
 def images_from_vllm_pb(inputs: vllm.MultimodalInputs, vision: VisionPrompts, config: RouterConfig,
-                        num_prompt_tokens: int) -> list[ImageInput]:
+                        token_ids: list[int]) -> list[ImageInput]:
     if inputs.modality not in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
         raise InvalidArgument(f"{_FIELD}.modality", "only images are supported")
     grids = _tensor(inputs.model_specific_tensors.get("image_grid_thw"), "image_grid_thw", _INTEGERS).reshape(-1, 3)
@@ -37,9 +37,11 @@ def images_from_vllm_pb(inputs: vllm.MultimodalInputs, vision: VisionPrompts, co
     starts = np.cumsum([0, *patches_per_image])
     for index, (grid, placeholder) in enumerate(zip(grids.tolist(), placeholders)):
         length = math.prod(grid) // processor.merge_size ** 2
-        if placeholder.length != length or placeholder.offset + length > num_prompt_tokens:
+        placed = token_ids[placeholder.offset:placeholder.offset + placeholder.length]
+        if placeholder.length != length or placed != [vision.image_token_id] * length:
             raise InvalidArgument(f"{_FIELD}.mm_placeholders[{index}]", f"image {index} of grid {grid} takes {length} "
-                                                                        "placeholder tokens inside the prompt")
+                                                                        f"image tokens ({vision.image_token_id}) of "
+                                                                        "the prompt")
         rows = np.ascontiguousarray(pixels[starts[index]:starts[index + 1]])
         images.append(ImageInput.placed(rows.tobytes(), tuple(rows.shape), tuple(grid), placeholder.offset, length))
     return images

@@ -76,17 +76,17 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             token_ids = self.tokenizer.encode_text(request.text) if request.text else []
         else:
             raise InvalidArgument("input", "set tokenized or text")
-        images = self._images(request, len(token_ids))
+        images = self._images(request, token_ids)
         self.prompts.check_placeholders(token_ids, images, kind)
         keep_last = truncate_prompt_tokens(request.sampling_params, self.model_info.max_model_len)
         return self.checks.prompt(token_ids, keep_last, kind, bool(images)), images
 
-    def _images(self, request: vllm.GenerateRequest, num_prompt_tokens: int) -> list[ImageInput]:
+    def _images(self, request: vllm.GenerateRequest, token_ids: list[int]) -> list[ImageInput]:
         if not request.HasField("mm_inputs"):
             return []
         if self.prompts.vision is None:
             raise InvalidArgument("mm_inputs", f"the model {self.model_info.model} takes no images")
-        return images_from_vllm_pb(request.mm_inputs, self.prompts.vision, self.prompts.config, num_prompt_tokens)
+        return images_from_vllm_pb(request.mm_inputs, self.prompts.vision, self.prompts.config, token_ids)
 
     async def Abort(self, request: vllm.AbortRequest, context) -> vllm.AbortResponse:
         for request_id in request.request_ids:

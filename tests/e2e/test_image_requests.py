@@ -3,8 +3,10 @@ model's chat with images arrives as the prompt and ImageInputs that the router's
 client and from `sluice generate --image`); the router's limits and bad images are INVALID_ARGUMENT naming the part,
 and submit nothing; a text model refuses images, naming the part. vLLM's engine protocol takes the same images as smg
 sends them preprocessed (mm_inputs), with its own bounds."""
+import struct
 import subprocess
 import sys
+import zlib
 
 import grpc
 import numpy as np
@@ -30,6 +32,15 @@ SMALL, SQUARE = png(13, 21, seed=1), png(9, 9, seed=2)
 MAX_BYTES = 3000
 LIMITS = ["--max-images-per-request", str(MAX_IMAGES), "--max-image-pixels", str(MAX_PIXELS),
           "--max-image-bytes-per-request", str(MAX_BYTES)]
+
+
+def _bomb() -> bytes:
+    """A PNG's header that announces 10,000 x 10,000 pixels (more than PIL decodes), and no pixels."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 10_000, 10_000, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
 
 
 def _model_info(name: str) -> pb.ModelInfo:
@@ -90,6 +101,8 @@ def test_sluice_generate_sends_each_image_before_the_prompt(vl, in_process, tmp_
     (_chat(user_message(SQUARE, "a"), user_message(png(30, 40))),
      f"chat.messages[1].parts[0]: the request's images pass {MAX_BYTES} bytes here"),
     (_chat(user_message("look", b"GIF89a not really")), "chat.messages[0].parts[1]: the image cannot be decoded"),
+    (_chat(user_message(png(12, 20)[:-30])), "chat.messages[0].parts[0]: the image cannot be decoded"),
+    (_chat(user_message(_bomb())), "chat.messages[0].parts[0]: the image has 10000 x 10000 pixels; at most"),
     (_chat(user_message("a <|image_pad|>", SMALL)), "chat: the chat template placed 2 images for 1"),
     (_chat(pb.ChatMessage(role="user", content="hi", parts=[pb.ContentPart(text="hi")])),
      "chat.messages[0]: set content or parts, not both"),
@@ -167,6 +180,8 @@ def native_submit(vl) -> scheduler_pb2.Submit:
 
 def test_the_engine_protocols_mm_inputs_make_the_native_apis_images(vl, native_submit):
     scheduler, _, router = vl
+    with grpc.insecure_channel(router) as channel:
+        assert vllm_engine_pb2_grpc.VllmEngineStub(channel).GetModelInfo(vllm.GetModelInfoRequest()).supports_vision
     _engine_generate(router, list(native_submit.prompt_token_ids), _mm_inputs(native_submit), "engine-images")
     submit = scheduler.submits["engine-images"]
     assert (submit.prompt_token_ids, list(submit.images)) == (native_submit.prompt_token_ids,
@@ -189,6 +204,7 @@ def _grids(mm_inputs: vllm.MultimodalInputs, grids: list[list[int]]) -> None:
     (lambda m: _grids(m, [[1, 16, 16], [1, 4, 4]]),
      "mm_inputs.model_specific_tensors[image_grid_thw][0]: the image has 1024 pixels; at most 256"),
     (lambda m: m.mm_placeholders[0].MergeFrom(vllm.PlaceholderRange(length=3)), "mm_inputs.mm_placeholders[0]: "),
+    (lambda m: m.mm_placeholders[1].MergeFrom(vllm.PlaceholderRange(offset=1)), "mm_inputs.mm_placeholders[1]: "),
     (lambda m: m.pixel_values.MergeFrom(vllm.TensorData(dtype="bfloat16")), "mm_inputs.pixel_values: dtype"),
     (lambda m: m.pixel_values.shm.MergeFrom(common_pb2.ShmHandle()), "mm_inputs.pixel_values: send the tensor inline"),
     (lambda m: m.MergeFrom(vllm.MultimodalInputs(modality=common_pb2.VIDEO)), "mm_inputs.modality: only images"),
