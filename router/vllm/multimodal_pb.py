@@ -21,7 +21,10 @@ def images_from_vllm_pb(inputs: vllm.MultimodalInputs, vision: VisionPrompts, co
                         token_ids: list[int]) -> list[ImageInput]:
     if inputs.modality not in (common_pb2.MODALITY_UNSPECIFIED, common_pb2.IMAGE):
         raise InvalidArgument(f"{_FIELD}.modality", "only images are supported")
-    grids = _tensor(inputs.model_specific_tensors.get("image_grid_thw"), "image_grid_thw", _INTEGERS).reshape(-1, 3)
+    grids = _tensor(inputs.model_specific_tensors.get("image_grid_thw"), "image_grid_thw", _INTEGERS)
+    if grids.ndim != 2 or grids.shape[1] != 3 or (grids < 1).any():
+        raise InvalidArgument(f"{_FIELD}.model_specific_tensors[image_grid_thw]", "a row of frames, rows and columns "
+                                                                                 "of patches (each >= 1) per image")
     processor = vision.processor
     check_preprocessed_images([int(h * w) * processor.patch_size ** 2 for _, h, w in grids], config,
                               f"{_FIELD}.model_specific_tensors[image_grid_thw]")

@@ -203,6 +203,7 @@ def _grids(mm_inputs: vllm.MultimodalInputs, grids: list[list[int]]) -> None:
     (lambda m: _grids(m, [[1, 2, 2]] * 3), "mm_inputs.model_specific_tensors[image_grid_thw]: 3 images; at most 2"),
     (lambda m: _grids(m, [[1, 16, 16], [1, 4, 4]]),
      "mm_inputs.model_specific_tensors[image_grid_thw][0]: the image has 1024 pixels; at most 256"),
+    (lambda m: _grids(m, [[1, 0, 4], [1, 4, 4]]), "mm_inputs.model_specific_tensors[image_grid_thw]: a row of"),
     (lambda m: m.mm_placeholders[0].MergeFrom(vllm.PlaceholderRange(length=3)), "mm_inputs.mm_placeholders[0]: "),
     (lambda m: m.mm_placeholders[1].MergeFrom(vllm.PlaceholderRange(offset=1)), "mm_inputs.mm_placeholders[1]: "),
     (lambda m: m.pixel_values.MergeFrom(vllm.TensorData(dtype="bfloat16")), "mm_inputs.pixel_values: dtype"),
