@@ -62,8 +62,9 @@ def hf(folder):
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def _hf_greedy(hf, token_ids: list[int], images: list[ImageInput]) -> list[int]:
-    inputs = {"input_ids": torch.tensor([token_ids])}
+def _hf_greedy(hf, image_token_id: int, token_ids: list[int], images: list[ImageInput]) -> list[int]:
+    input_ids = torch.tensor([token_ids])
+    inputs = {"input_ids": input_ids, "mm_token_type_ids": (input_ids == image_token_id).int()}  # M-RoPE reads it
     if images:
         inputs["pixel_values"] = torch.cat([torch.from_numpy(np.frombuffer(image.pixel_values, dtype="<f4")
                                                              .reshape(image.pixel_shape)) for image in images])
@@ -80,7 +81,8 @@ def _request(messages: list[pb.ChatMessage]) -> pb.GenerateRequest:
 
 @pytest.fixture(scope="module")
 def expected(hf, prompts) -> dict[str, list[int]]:
-    return {name: _hf_greedy(hf, *prompts.encode_chat(chat_from_pb(pb.ChatMessages(messages=messages))))
+    return {name: _hf_greedy(hf, prompts.image_token_id,
+                             *prompts.encode_chat(chat_from_pb(pb.ChatMessages(messages=messages))))
             for name, messages in PROMPTS.items()}
 
 
