@@ -27,7 +27,7 @@ from tests.router.tiny_vl_folder import MAX_PIXELS, tiny_vl_folder
 pytestmark = pytest.mark.slow
 MAX_NEW_TOKENS = 8
 BLOCK_SIZE = 16
-SCHEDULER = ["--num-blocks", "20", "--block-size", str(BLOCK_SIZE), "--max-num-batched-tokens", "24"]
+SCHEDULER = ["--num-blocks", "12", "--block-size", str(BLOCK_SIZE), "--max-num-batched-tokens", "24"]
 WIDE, SQUARE, TALL, OTHER_WIDE = png(12, 20, seed=1), png(8, 8, seed=2), png(24, 12, seed=3), png(12, 20, seed=4)
 PROMPTS = {
     "no image": [user_message("Hello there")],
