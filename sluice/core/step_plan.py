@@ -5,6 +5,7 @@ as a diff (CachedRequest). A preempted request is dropped by the worker and late
 """
 from dataclasses import dataclass, field
 
+from sluice.core.images import ImageInput
 from sluice.core.logprobs import LogprobRows
 from sluice.core.sampling_params import SamplingParams
 
@@ -18,6 +19,7 @@ class NewRequest:
     sampling_params: SamplingParams
     num_output_tokens: int = 0  # the tail of token_ids that the request generated before a preemption
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C context of the scheduler's span, when traced
+    images: list[ImageInput] = field(default_factory=list)  # in prompt order, without pixels (encoder_inputs has them)
 
 
 @dataclass(slots=True)
@@ -44,6 +46,10 @@ class StepPlan:
     # request id -> how many tokens the worker's draft model proposes after the request's newest token, in slots
     # counted in num_scheduled_tokens (speculative method "draft")
     num_draft_tokens: dict[str, int] = field(default_factory=dict)
+    # the encoder cache, changed before the step runs: the image hashes whose outputs the worker drops, then the
+    # images it encodes (each hash once, with pixels) and holds until a later step drops them
+    freed_encoder_hashes: list[bytes] = field(default_factory=list)
+    encoder_inputs: list[ImageInput] = field(default_factory=list)
 
     @property
     def num_proposed(self) -> dict[str, int]:
@@ -56,7 +62,8 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.num_scheduled_tokens and not self.finished_request_ids
+        return not (self.num_scheduled_tokens or self.finished_request_ids or self.freed_encoder_hashes
+                    or self.encoder_inputs)
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """The StepPlan / StepOutcome contract on the wire (worker.proto), packed as the proto describes."""
 from itertools import accumulate
 
+from sluice.core.images_pb import image_from_pb, image_to_pb
 from sluice.core.logprobs_pb import logprob_rows_from_pb, logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb, sampling_params_to_pb
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
@@ -14,7 +15,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
         new_requests=[
             pb.NewRequest(request_id=r.request_id, token_ids=r.token_ids, block_ids=r.block_ids,
                           num_computed_tokens=r.num_computed_tokens, sampling=sampling_params_to_pb(r.sampling_params),
-                          num_output_tokens=r.num_output_tokens, trace_context=r.trace_context)
+                          num_output_tokens=r.num_output_tokens, trace_context=r.trace_context,
+                          images=[image_to_pb(image) for image in r.images])
             for r in plan.new_requests
         ],
         cached_requests=pb.CachedRequests(
@@ -34,6 +36,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepRequest:
         spec_token_ids=[token for tokens in plan.spec_token_ids.values() for token in tokens],
         draft_request_ids=list(plan.num_draft_tokens),
         num_draft_tokens=list(plan.num_draft_tokens.values()),
+        freed_encoder_hashes=plan.freed_encoder_hashes,
+        encoder_inputs=[image_to_pb(image) for image in plan.encoder_inputs],
     )
 
 
@@ -44,7 +48,8 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
         step_id=message.step_id,
         new_requests=[
             NewRequest(r.request_id, list(r.token_ids), list(r.block_ids), r.num_computed_tokens,
-                       sampling_params_from_pb(r.sampling), r.num_output_tokens, dict(r.trace_context))
+                       sampling_params_from_pb(r.sampling), r.num_output_tokens, dict(r.trace_context),
+                       [image_from_pb(image) for image in r.images])
             for r in message.new_requests
         ],
         cached_requests=[
@@ -57,6 +62,8 @@ def plan_from_pb(message: pb.StepRequest) -> StepPlan:
         block_copies=list(zip(message.block_copy_sources, message.block_copy_destinations)),
         spec_token_ids=_unpack(message.spec_request_ids, message.spec_token_counts, message.spec_token_ids),
         num_draft_tokens=dict(zip(message.draft_request_ids, message.num_draft_tokens)),
+        freed_encoder_hashes=list(message.freed_encoder_hashes),
+        encoder_inputs=[image_from_pb(image) for image in message.encoder_inputs],
     )
 
 
