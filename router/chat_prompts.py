@@ -1,7 +1,7 @@
 """Prompts of every public API as the served model takes them: a chat's token ids and images (for a vision-language
 model, through its processor: router/multimodal), and the check that image placeholders come only with images."""
 from sluice.core.errors import InvalidArgument
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.router.chat import Chat
 from sluice.router.config import RouterConfig
 from sluice.router.multimodal.image_limits import check_encoded_images

@@ -4,7 +4,7 @@ import uuid
 
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.core.sampling_params_pb import sampling_params_from_pb
 from sluice.router.chat_pb import chat_from_pb
 from sluice.router.chat_prompts import ChatPrompts

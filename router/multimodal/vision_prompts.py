@@ -7,9 +7,10 @@ import math
 from pathlib import Path
 
 from sluice.core.errors import InvalidArgument
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.router.chat import Chat
 from sluice.router.multimodal.image_processor import ImageProcessor, ProcessedImage
+from sluice.router.multimodal.placed_images import placed_image
 
 IMAGE_TOKEN = "<|image_pad|>"
 
@@ -68,4 +69,4 @@ def _model_config(model_path: Path | None) -> dict:
 
 def _placed(image: ProcessedImage, offset: int, length: int) -> ImageInput:
     pixels = image.pixel_values
-    return ImageInput.placed(pixels.tobytes(), tuple(pixels.shape), image.grid_thw, offset, length)
+    return placed_image(pixels.tobytes(), tuple(pixels.shape), image.grid_thw, offset, length)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from sluice.core.finish_reason import FinishReason
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.core.logprobs import Logprobs
 from sluice.core.sampling_params import SamplingParams
 

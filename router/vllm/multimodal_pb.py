@@ -8,9 +8,10 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from sluice.core.errors import InvalidArgument
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.router.config import RouterConfig
 from sluice.router.multimodal.image_limits import check_preprocessed_images
+from sluice.router.multimodal.placed_images import placed_image
 from sluice.router.multimodal.vision_prompts import VisionPrompts
 
 _FIELD = "mm_inputs"
@@ -46,7 +47,7 @@ def images_from_vllm_pb(inputs: vllm.MultimodalInputs, vision: VisionPrompts, co
                                                                         f"image tokens ({vision.image_token_id}) of "
                                                                         "the prompt")
         rows = np.ascontiguousarray(pixels[starts[index]:starts[index + 1]])
-        images.append(ImageInput.placed(rows.tobytes(), tuple(rows.shape), tuple(grid), placeholder.offset, length))
+        images.append(placed_image(rows.tobytes(), tuple(rows.shape), tuple(grid), placeholder.offset, length))
     return images
 
 

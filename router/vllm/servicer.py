@@ -13,7 +13,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.router.chat_prompts import ChatPrompts
 from sluice.router.generation_flow import deadline_unix_seconds, stream_generation
 from sluice.router.request_checks import RequestChecks

@@ -17,7 +17,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, chat_request
-from sluice.core.image_input_pb import image_input_to_pb
+from sluice.core.images_pb import image_to_pb
 from sluice.router.chat_pb import chat_from_pb
 from sluice.router.multimodal.vision_prompts import VisionPrompts
 from sluice.router.tokenizer import RouterTokenizer
@@ -78,7 +78,7 @@ def test_a_chat_with_images_reaches_the_scheduler_as_the_processor_makes_it(vl, 
     token_ids, images = in_process.encode_chat(chat_from_pb(pb.ChatMessages(messages=messages)))
     submit = scheduler.submits[result.request_id]
     assert list(submit.prompt_token_ids) == token_ids and result.usage["prompt_tokens"] == len(token_ids)
-    assert list(submit.images) == [image_input_to_pb(image) for image in images]
+    assert list(submit.images) == [image_to_pb(image) for image in images]
     assert [image.grid_thw for image in submit.images] == [[1, 6, 10], [1, 4, 4]]
 
 
@@ -93,7 +93,7 @@ def test_sluice_generate_sends_each_image_before_the_prompt(vl, in_process, tmp_
     (request_id,) = set(scheduler.submits) - before
     token_ids, images = in_process.encode_chat(chat_from_pb(chat_request("Compare", [SMALL, SQUARE]).chat))
     assert list(scheduler.submits[request_id].prompt_token_ids) == token_ids
-    assert list(scheduler.submits[request_id].images) == [image_input_to_pb(image) for image in images]
+    assert list(scheduler.submits[request_id].images) == [image_to_pb(image) for image in images]
 
 
 @pytest.mark.parametrize("request_, details", [

@@ -14,7 +14,7 @@ import torch
 
 from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
 from sluice.cli.launcher import free_ports, stop_services
-from sluice.core.image_input import ImageInput
+from sluice.core.images import ImageInput
 from sluice.router.chat_pb import chat_from_pb
 from sluice.router.multimodal.vision_prompts import VisionPrompts
 from sluice.router.tokenizer import RouterTokenizer
