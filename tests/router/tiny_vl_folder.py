@@ -4,7 +4,7 @@ patch sizes, and random weights over the tokenizer's vocabulary."""
 import json
 from pathlib import Path
 
-from tests.worker.tiny_qwen2_5_vl import TINY_QWEN2_5_VL, hf_model
+from tests.worker.tiny_qwen2_5_vl import hf_model
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 MIN_PIXELS, MAX_PIXELS = 4 * 4, 32 * 32  # 1 to 64 merged tokens an image
@@ -38,11 +38,11 @@ def tiny_vl_folder(tokenizer_dir: Path, folder: Path) -> Path:
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG))
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
-    config = {**TINY_QWEN2_5_VL, "text_config": {**TINY_QWEN2_5_VL["text_config"], "vocab_size": len(tokenizer),
-                                                 "bos_token_id": tokenizer.bos_token_id,
-                                                 "eos_token_id": tokenizer.eos_token_id},
-              "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
-              "vision_token_id": ids["<|vision_pad|>"], "image_token_id": ids["<|image_pad|>"],
-              "video_token_id": ids["<|video_pad|>"]}
-    hf_model(config=config).save_pretrained(folder)
+    model = hf_model(vocab_size=len(tokenizer))
+    for name, token in (("vision_start", "<|vision_start|>"), ("vision_end", "<|vision_end|>"),
+                        ("vision", "<|vision_pad|>"), ("image", "<|image_pad|>"), ("video", "<|video_pad|>")):
+        setattr(model.config, f"{name}_token_id", ids[token])
+    model.config.text_config.bos_token_id = tokenizer.bos_token_id
+    model.config.text_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
     return folder

@@ -21,12 +21,13 @@ TINY_QWEN2_5_VL = {
 GRIDS = [(1, 6, 10), (1, 4, 4), (1, 8, 6)]  # frames, rows and columns of patches: ragged windows, a whole one
 
 
-def hf_model(seed: int = 0, config: dict = TINY_QWEN2_5_VL):
-    """transformers' Qwen2_5_VLForConditionalGeneration of the config (TINY_QWEN2_5_VL), every weight random (norms
-    near 1)."""
+def hf_model(seed: int = 0, vocab_size: int = 256):
+    """transformers' Qwen2_5_VLForConditionalGeneration of TINY_QWEN2_5_VL (of a larger vocabulary: a tokenizer's),
+    every weight random (norms near 1)."""
     from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
+    config = {**TINY_QWEN2_5_VL, "text_config": {**TINY_QWEN2_5_VL["text_config"], "vocab_size": vocab_size}}
     model = Qwen2_5_VLForConditionalGeneration(AutoConfig.for_model(**config)).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
