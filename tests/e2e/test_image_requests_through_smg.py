@@ -75,6 +75,19 @@ def test_smgs_mm_inputs_reach_the_scheduler_as_the_native_apis_images(stack, nam
         assert np.allclose(_pixels(image), _pixels(native_image), rtol=0, atol=tolerance)
 
 
+def test_smg_puts_a_messages_images_before_its_text(stack):
+    scheduler, native, client, model = stack
+    image = IMAGES["one image of whole merged patches"][0][0]
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": _data_uri(image)}}]
+    through_smg = client.chat.completions.create(model=model, max_tokens=4,
+                                                 messages=[{"role": "user", "content": content}])
+    request = pb.GenerateRequest(chat=pb.ChatMessages(messages=[user_message(image, QUESTION)]),
+                                 sampling=pb.SamplingParams(max_tokens=4))
+    expected = scheduler.submits[native.generate(request).request_id]
+    (submit,) = [submit for request_id, submit in scheduler.submits.items() if request_id.startswith(through_smg.id)]
+    assert submit.prompt_token_ids == expected.prompt_token_ids
+
+
 def _placement(image) -> tuple:
     return tuple(image.pixel_shape), tuple(image.grid_thw), image.offset, image.length
 

@@ -37,6 +37,9 @@ PROMPTS = {
                   user_message("And this?", WIDE)],
 }
 
+# a message's images before its text, where smg puts them
+SMG_PROMPTS = [user_message(WIDE, "What is it?"), user_message(SQUARE, TALL, "Which is taller?")]
+
 
 @pytest.fixture(scope="module")
 def folder(default_model_dir, tmp_path_factory):
@@ -115,8 +118,7 @@ def test_smg_answers_image_url_data_uris_with_the_native_apis_text(services, fol
     try:
         wait_until_gateway_serves(layout, 60, process)
         with openai.OpenAI(base_url=f"{layout.url}/v1", api_key="unused", max_retries=0) as client:
-            for name in ("one image", "two images"):
-                (message,) = PROMPTS[name]
+            for message in SMG_PROMPTS:
                 content = [{"type": "text", "text": part.text} if part.HasField("text") else
                            {"type": "image_url", "image_url": {
                                "url": "data:image/png;base64," + base64.b64encode(part.image.data).decode()}}
