@@ -218,3 +218,23 @@ def test_bad_mm_inputs_are_invalid_argument_naming_the_field(vl, native_submit, 
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith(details), error.value.details()
     assert len(scheduler.submits) == before
+
+
+def test_pixel_values_past_64_mib_reach_the_scheduler(tiny_vl_dir):
+    """One image of 856 x 856 patches: 70 MB of pixel values, over the 64 MiB a message could carry before images,
+    within what --max-image-pixels allows a request."""
+    rows = columns = 856
+    length = rows * columns // 4
+    prompt = [5] * 8 + [49155] * length + [6] * 8
+    grids = np.array([[1, rows, columns]], dtype="<i8")
+    pixels = np.zeros((rows * columns, 24), dtype="<f4")
+    mm_inputs = vllm.MultimodalInputs(
+        pixel_values=vllm.TensorData(shape=list(pixels.shape), dtype="float32", inline=pixels.tobytes()),
+        model_specific_tensors={"image_grid_thw": vllm.TensorData(shape=[1, 3], dtype="int64", inline=grids.tobytes())},
+        mm_placeholders=[vllm.PlaceholderRange(offset=8, length=length)], modality=common_pb2.IMAGE)
+    info = pb.ModelInfo(model="tiny-qwen2_5_vl", max_model_len=len(prompt) + 8, block_size=16, eos_token_ids=[2])
+    flags = ["--max-images-per-request", "1", "--max-image-pixels", str(rows * columns * 4)]
+    with recording_scheduler(info) as (scheduler, address), router_over(address, tiny_vl_dir, flags) as router:
+        _engine_generate(router, prompt, mm_inputs, "large")
+    (image,) = scheduler.submits["large"].images
+    assert len(image.pixel_values) == pixels.nbytes > 64 * 1024 * 1024
