@@ -103,9 +103,12 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         return model_info_to_vllm_pb(self.model_info, self.tokenizer, path, self.prompts.vision is not None)
 
     async def GetServerInfo(self, request, context) -> vllm.GetServerInfoResponse:
+        """mm_item_limits: the images a request may carry, for a gateway to hold requests to before it preprocesses
+        them."""
+        limits = f"image={self.prompts.config.max_images_per_request}" if self.prompts.vision is not None else ""
         return vllm.GetServerInfoResponse(active_requests=self.schedulers.num_in_flight,
                                           uptime_seconds=time.monotonic() - self._started, server_type="sluice",
-                                          data_parallel_size=1)
+                                          data_parallel_size=1, mm_item_limits=limits)
 
     async def GetLoads(self, request, context) -> vllm.GetLoadsResponse:
         loads = await self.schedulers.loads(_LOAD_TIMEOUT_SECONDS)

@@ -181,7 +181,9 @@ def native_submit(vl) -> scheduler_pb2.Submit:
 def test_the_engine_protocols_mm_inputs_make_the_native_apis_images(vl, native_submit):
     scheduler, _, router = vl
     with grpc.insecure_channel(router) as channel:
-        assert vllm_engine_pb2_grpc.VllmEngineStub(channel).GetModelInfo(vllm.GetModelInfoRequest()).supports_vision
+        engine = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+        assert engine.GetModelInfo(vllm.GetModelInfoRequest()).supports_vision
+        assert engine.GetServerInfo(vllm.GetServerInfoRequest()).mm_item_limits == f"image={MAX_IMAGES}"
     _engine_generate(router, list(native_submit.prompt_token_ids), _mm_inputs(native_submit), "engine-images")
     submit = scheduler.submits["engine-images"]
     assert (submit.prompt_token_ids, list(submit.images)) == (native_submit.prompt_token_ids,
