@@ -7,7 +7,9 @@ import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from sluice.core.options import as_flags
+from sluice.router.chat_prompts import ChatPrompts
 from sluice.router.config import RouterConfig
+from sluice.router.multimodal.vision_prompts import VisionPrompts, model_takes_images
 from sluice.router.schedulers.pool import SchedulerPool
 from sluice.router.servicer import GenerationServicer
 from sluice.router.telemetry.metrics import RouterMetrics
@@ -30,29 +32,27 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                 scheduler_timeout: float = 600.0, config: RouterConfig | None = None, share_port: bool = False) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
-    in flight finish. A client message over config.max_request_bytes gets RESOURCE_EXHAUSTED. Serves
+    in flight finish. A client message over config.max_receive_bytes gets RESOURCE_EXHAUSTED. Serves
     sluice.v1.Generation and, for gateways such as smg, vLLM's engine protocol, on every address; with share_port,
     router processes that listen on the same port take a share of its connections each."""
     config = config or RouterConfig()
     log.info("router settings: %s", " ".join(as_flags(config, RouterConfig)))
+    takes_images = model_takes_images(tokenizer_path)
     async with Service([SERVICE_NAME, VLLM_SERVICE_NAME], "sluice-router", operations, interceptors, credentials,
-                       config.max_request_bytes, share_port) as service:
+                       config.max_receive_bytes(takes_images), share_port) as service:
         port = await service.start(*addresses)
         pool = SchedulerPool(scheduler_addresses)
         try:
             model_info = await service.unless_shutdown(_model_info_once_ready(pool, scheduler_timeout))
             if model_info is None:
                 return
-            if tokenizer_path is None:
-                tokenizer = TokenIdsOnly(model_info.vocab_size)
-            else:
-                tokenizer = await asyncio.to_thread(RouterTokenizer, tokenizer_path)
+            prompts = await asyncio.to_thread(_chat_prompts, tokenizer_path, model_info, config)
             telemetry = RouterTelemetry(service.tracer, RouterMetrics(service.metrics_registry, model_info.model),
                                         model_info.model)
             service.add(generation_pb2_grpc.add_GenerationServicer_to_server,
-                        GenerationServicer(pool, tokenizer, model_info, telemetry))
+                        GenerationServicer(pool, prompts, model_info, telemetry))
             service.add(vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server,
-                        VllmEngineServicer(pool, tokenizer, model_info, telemetry, tokenizer_path,
+                        VllmEngineServicer(pool, prompts, model_info, telemetry, tokenizer_path,
                                            lambda: service.gate.open, operations.shutdown))
             pool.on_ready = service.set_ready
             pool.start()
@@ -62,6 +62,15 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
             log.info("router drained" if drained else "router drain timed out; stopping")
         finally:
             await pool.close()
+
+
+def _chat_prompts(tokenizer_path: Path | None, model_info: generation_pb2.ModelInfo,
+                  config: RouterConfig) -> ChatPrompts:
+    if tokenizer_path is None:
+        return ChatPrompts(TokenIdsOnly(model_info.vocab_size), None, config, model_info.model)
+    tokenizer = RouterTokenizer(tokenizer_path)
+    vision = VisionPrompts.of_model(tokenizer_path, tokenizer, config.max_image_pixels)
+    return ChatPrompts(tokenizer, vision, config, model_info.model)
 
 
 async def _model_info_once_ready(pool: SchedulerPool, timeout: float) -> generation_pb2.ModelInfo:

@@ -37,15 +37,29 @@ class RouterTokenizer:
     def encode_text(self, text: str) -> list[int]:
         return self._hf(text).input_ids
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict]) -> list[int]:
         """The chat template decides which roles it takes: one that raises refuses the messages."""
+        encoded = self._apply_chat_template(messages, tokenize=True)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def render_chat(self, messages: list[dict], chat_template: str | None = None) -> str:
+        """The chat template's text (chat_template, or the tokenizer's own) of the messages and the assistant's turn."""
+        return self._apply_chat_template(messages, tokenize=False, chat_template=chat_template)
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """The token ids of a chat template's text, which holds the special tokens itself."""
+        return self._hf(text, add_special_tokens=False).input_ids
+
+    def token_id(self, token: str) -> int:
+        return self._hf.convert_tokens_to_ids(token)
+
+    def _apply_chat_template(self, messages: list[dict], **options):
         try:
-            encoded = self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return self._hf.apply_chat_template(messages, add_generation_prompt=True, **options)
         except TemplateSyntaxError:
             raise
         except TemplateError as error:
             raise InvalidArgument("chat", f"the model's chat template refuses these messages: {error}") from error
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
         """Each word's tokens on its own (as at the start of a text) and after a space (mid-text), without
@@ -99,7 +113,7 @@ class TokenIdsOnly:
     def encode_text(self, text: str) -> list[int]:
         raise InvalidArgument("text", "this deployment has no tokenizer: send token ids")
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict]) -> list[int]:
         raise InvalidArgument("chat", "this deployment has no tokenizer: send token ids")
 
     def detokenizer(self) -> "NoText":

@@ -1,6 +1,8 @@
 """The Python client shared by the CLI and the tests."""
-from collections.abc import Iterator
+import mimetypes
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -141,6 +143,17 @@ def text_request(text: str, **sampling) -> pb.GenerateRequest:
     return pb.GenerateRequest(text=text, sampling=sampling_params(**sampling))
 
 
-def chat_request(content: str, **sampling) -> pb.GenerateRequest:
-    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=content)])
-    return pb.GenerateRequest(chat=messages, sampling=sampling_params(**sampling))
+def chat_request(content: str, images: Sequence[bytes | Path] = (), **sampling) -> pb.GenerateRequest:
+    """One user message: the images (encoded, or their files), then the text."""
+    if images:
+        message = pb.ChatMessage(role="user", parts=[*map(image_part, images), pb.ContentPart(text=content)])
+    else:
+        message = pb.ChatMessage(role="user", content=content)
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[message]), sampling=sampling_params(**sampling))
+
+
+def image_part(image: bytes | Path) -> pb.ContentPart:
+    """An encoded image as a part of a chat message; a file's media type is guessed from its name."""
+    if isinstance(image, Path):
+        return pb.ContentPart(image=pb.Image(data=image.read_bytes(), media_type=mimetypes.guess_type(image)[0] or ""))
+    return pb.ContentPart(image=pb.Image(data=image))

@@ -41,3 +41,11 @@ def hf_tokenizer(default_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(default_model_dir, tmp_path_factory) -> Path:
+    """tests/router/tiny_vl_folder.py's tiny Qwen2.5-VL folder, with the serving tokenizer."""
+    from tests.router.tiny_vl_folder import tiny_vl_folder
+
+    return tiny_vl_folder(default_model_dir, tmp_path_factory.mktemp("tiny-qwen2_5_vl"))

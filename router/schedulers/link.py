@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb, finish_reason_to_pb
+from sluice.core.images_pb import image_to_pb
 from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.router.schedulers.messages import Event, Failed, Finished, Submission, Tokens, Usage
@@ -187,7 +188,7 @@ def _submit_to_pb(submission: Submission) -> scheduler_pb2.Submit:
         request_id=submission.request_id, prompt_token_ids=submission.prompt_token_ids,
         sampling=sampling_params_to_pb(submission.sampling_params), priority=submission.priority,
         cache_salt=submission.cache_salt, deadline_unix_seconds=submission.deadline_unix_seconds,
-        trace_context=submission.trace_context)
+        trace_context=submission.trace_context, images=[image_to_pb(image) for image in submission.images])
 
 
 def _ending_from_pb(message: scheduler_pb2.Finished | scheduler_pb2.Rejection) -> Finished | Failed:

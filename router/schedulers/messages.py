@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from sluice.core.finish_reason import FinishReason
+from sluice.core.images import ImageInput
 from sluice.core.logprobs import Logprobs
 from sluice.core.sampling_params import SamplingParams
 
@@ -18,6 +19,7 @@ class Submission:
     cache_salt: str = ""
     deadline_unix_seconds: float = 0.0  # 0 means none
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C context of the router's span
+    images: list[ImageInput] = field(default_factory=list)  # in prompt order, at placeholders of prompt_token_ids
 
 
 @dataclass(slots=True)

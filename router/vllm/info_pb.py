@@ -5,9 +5,11 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 from sluice.v1 import generation_pb2, scheduler_pb2
 
 
-def model_info_to_vllm_pb(info: generation_pb2.ModelInfo, tokenizer, tokenizer_path: str) -> vllm.GetModelInfoResponse:
+def model_info_to_vllm_pb(info: generation_pb2.ModelInfo, tokenizer, tokenizer_path: str,
+                          takes_images: bool) -> vllm.GetModelInfoResponse:
     return vllm.GetModelInfoResponse(
         model_path=tokenizer_path or info.model, is_generation=True, max_context_length=info.max_model_len,
+        supports_vision=takes_images,
         vocab_size=info.vocab_size, served_model_name=info.model, tokenizer_path=tokenizer_path,
         architectures=[info.architecture], eos_token_ids=info.eos_token_ids,
         bos_token_id=tokenizer.bos_token_id or 0, pad_token_id=tokenizer.pad_token_id or 0,

@@ -13,6 +13,8 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from sluice.core.errors import InvalidArgument
 from sluice.core.finish_reason import FinishReason
+from sluice.core.images import ImageInput
+from sluice.router.chat_prompts import ChatPrompts
 from sluice.router.generation_flow import deadline_unix_seconds, stream_generation
 from sluice.router.request_checks import RequestChecks
 from sluice.router.schedulers.kv_event_relay import relay_kv_events
@@ -22,48 +24,51 @@ from sluice.router.telemetry.requests import RouterTelemetry
 from sluice.router.tokenizer_bundle import tokenizer_bundle
 from sluice.router.vllm.info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
 from sluice.router.vllm.kv_events_pb import kv_event_batch_to_vllm_pb
+from sluice.router.vllm.multimodal_pb import images_from_vllm_pb
 from sluice.router.vllm.output import vllm_generation_output
 from sluice.router.vllm.sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
 from sluice.v1 import generation_pb2
 
 _TOKENIZER_CHUNK_BYTES = 64 * 1024
 _LOAD_TIMEOUT_SECONDS = 5.0
-_UNSUPPORTED_INPUTS = ("mm_inputs", "media_refs", "kv_transfer_params", "kv_transfer_params_json")
+_UNSUPPORTED_INPUTS = ("media_refs", "kv_transfer_params", "kv_transfer_params_json")
 
 
 class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
-    def __init__(self, schedulers: SchedulerPool, tokenizer, model_info: generation_pb2.ModelInfo,
+    def __init__(self, schedulers: SchedulerPool, prompts: ChatPrompts, model_info: generation_pb2.ModelInfo,
                  telemetry: RouterTelemetry, tokenizer_path: Path | None, is_ready: Callable[[], bool],
                  stopping: asyncio.Event):
         self.schedulers = schedulers
-        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.tokenizer = prompts.tokenizer
         self.model_info = model_info
         self.telemetry = telemetry
         self.tokenizer_path = tokenizer_path
         self.is_ready = is_ready
         self.stopping = stopping  # set when the router begins to drain: the event streams end
-        self.checks = RequestChecks(tokenizer, model_info.max_model_len)
+        self.checks = RequestChecks(prompts.tokenizer, model_info.max_model_len)
         self._started = time.monotonic()
 
     async def Generate(self, request: vllm.GenerateRequest, context):
-        prompt_ids = await asyncio.to_thread(self._prompt_token_ids, request)
+        prompt_ids, images = await asyncio.to_thread(self._prompt, request)
         defaults = self.checks.defaults(len(prompt_ids))
         params = self.checks.sampling(sampling_params_from_vllm_pb(request.sampling_params, defaults),
                                       len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         telemetry = self.telemetry.begin(request.WhichOneof("input"), request_id, len(prompt_ids), params)
         submission = Submission(request_id, prompt_ids, params, deadline_unix_seconds=deadline_unix_seconds(context),
-                                trace_context=telemetry.trace_context)
+                                trace_context=telemetry.trace_context, images=images)
         output = vllm_generation_output(params, self.tokenizer, prompt_ids, request.stream)
         async for response in stream_generation(self.schedulers, submission, output, telemetry, context):
             yield response
 
-    def _prompt_token_ids(self, request: vllm.GenerateRequest) -> list[int]:
+    def _prompt(self, request: vllm.GenerateRequest) -> tuple[list[int], list[ImageInput]]:
         """Runs in a worker thread, as tokenizing a long text must not hold up the other streams."""
         unsupported = next((name for name in _UNSUPPORTED_INPUTS if request.HasField(name)), None)
         if unsupported is not None or request.extra_mm_inputs:
-            raise InvalidArgument(unsupported or "extra_mm_inputs", "not supported: Sluice serves text models "
-                                                                    "without disaggregated prefill")
+            raise InvalidArgument(unsupported or "extra_mm_inputs", "not supported: Sluice takes images "
+                                                                    "preprocessed in mm_inputs, and does not "
+                                                                    "disaggregate prefill")
         kind = request.WhichOneof("input")
         if kind == "tokenized":
             token_ids = list(request.tokenized.input_ids)
@@ -71,8 +76,17 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             token_ids = self.tokenizer.encode_text(request.text) if request.text else []
         else:
             raise InvalidArgument("input", "set tokenized or text")
+        images = self._images(request, token_ids)
+        self.prompts.check_placeholders(token_ids, images, kind)
         keep_last = truncate_prompt_tokens(request.sampling_params, self.model_info.max_model_len)
-        return self.checks.prompt(token_ids, keep_last, kind)
+        return self.checks.prompt(token_ids, keep_last, kind, bool(images)), images
+
+    def _images(self, request: vllm.GenerateRequest, token_ids: list[int]) -> list[ImageInput]:
+        if not request.HasField("mm_inputs"):
+            return []
+        if self.prompts.vision is None:
+            raise InvalidArgument("mm_inputs", f"the model {self.model_info.model} takes no images")
+        return images_from_vllm_pb(request.mm_inputs, self.prompts.vision, self.prompts.config, token_ids)
 
     async def Abort(self, request: vllm.AbortRequest, context) -> vllm.AbortResponse:
         for request_id in request.request_ids:
@@ -86,12 +100,15 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
 
     async def GetModelInfo(self, request, context) -> vllm.GetModelInfoResponse:
         path = str(self.tokenizer_path) if self.tokenizer_path is not None else ""
-        return model_info_to_vllm_pb(self.model_info, self.tokenizer, path)
+        return model_info_to_vllm_pb(self.model_info, self.tokenizer, path, self.prompts.vision is not None)
 
     async def GetServerInfo(self, request, context) -> vllm.GetServerInfoResponse:
+        """mm_item_limits: the images a request may carry, for a gateway to hold requests to before it preprocesses
+        them."""
+        limits = f"image={self.prompts.config.max_images_per_request}" if self.prompts.vision is not None else ""
         return vllm.GetServerInfoResponse(active_requests=self.schedulers.num_in_flight,
                                           uptime_seconds=time.monotonic() - self._started, server_type="sluice",
-                                          data_parallel_size=1)
+                                          data_parallel_size=1, mm_item_limits=limits)
 
     async def GetLoads(self, request, context) -> vllm.GetLoadsResponse:
         loads = await self.schedulers.loads(_LOAD_TIMEOUT_SECONDS)

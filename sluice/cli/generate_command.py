@@ -12,6 +12,8 @@ def add_generate_command(commands, default_address: str, default_auth_token: str
     command.add_argument("--auth-token", default=default_auth_token, help="bearer token (default: $SLUICE_AUTH_TOKEN)")
     command.add_argument("--tls-ca", type=Path, help="PEM root certificates of a TLS router")
     command.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    command.add_argument("--image", dest="images", action="append", default=[], type=Path, metavar="FILE",
+                         help="an image before the prompt in the user's message (repeatable; implies --chat)")
     command.add_argument("--json", action="store_true", help="end with one JSON object per sample")
     command.add_argument("--max-tokens", type=int, default=256)
     command.add_argument("--min-tokens", type=int)
@@ -72,7 +74,10 @@ def _generate(args) -> None:
     for name in ("json_schema", "grammar"):
         if getattr(args, name) is not None:
             sampling[name] = _text_or_file(getattr(args, name))
-    request = (chat_request if args.chat else text_request)(args.prompt, **sampling)
+    if args.chat or args.images:
+        request = chat_request(args.prompt, args.images, **sampling)
+    else:
+        request = text_request(args.prompt, **sampling)
     streaming = (args.n or 1) == 1
     root_certificates = args.tls_ca.read_bytes() if args.tls_ca is not None else None
     with SluiceClient(args.address, args.auth_token, root_certificates) as client:

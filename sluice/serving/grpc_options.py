@@ -1,5 +1,6 @@
 """Explicit message-size, keepalive and reconnect settings, the same on both ends of every hop."""
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_REQUEST_PIXEL_BYTES = 256 * 1024 * 1024  # a request's images as pixel values, at most (the router's limits)
+MAX_MESSAGE_BYTES = 4 * MAX_REQUEST_PIXEL_BYTES  # room for a step that brings a few such requests to the workers
 MAX_CLIENT_REQUEST_BYTES = 4 * 1024 * 1024  # the router's default bound on one client message (gRPC's own default)
 
 CHANNEL_OPTIONS = [

@@ -27,7 +27,8 @@ SCHEDULER = dict(num_blocks=64, block_size=32, max_num_seqs=8, max_num_batched_t
                  enable_prefix_caching=False, policy="fcfs", max_waiting_requests=16, max_waiting_tokens=100_000,
                  speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3,
                  step_timeout=30.0)
-ROUTER = dict(max_request_bytes=1 << 20)
+ROUTER = dict(max_request_bytes=1 << 20, max_images_per_request=4, max_image_pixels=512 * 512,
+              max_image_bytes_per_request=1 << 22)
 OPERATIONS = dict(drain_timeout=5.0, metrics_host="127.0.0.1")  # and --metrics-port, one port per service
 SETTINGS = {WorkerConfig: WORKER, SchedulerConfig: SCHEDULER, RouterConfig: ROUTER, Operations: OPERATIONS}
 _REPORT = re.compile(r"(worker|scheduler|router) (settings|operations): (.*)$")
