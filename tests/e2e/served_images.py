@@ -1,6 +1,6 @@
 """Prompts with images submitted to a running scheduler as a router sends them (the image processor's output in
-ImageInput messages on the Connect stream), and transformers' greedy tokens of the same prompts, for a tiny random
-Qwen2.5-VL (tests/worker/tiny_qwen2_5_vl.py) of the serving tokenizer's vocabulary."""
+ImageInput messages on the Connect stream), and transformers' greedy tokens of the same prompts, for the tiny random
+Qwen2.5-VL of tests/router/tiny_vl_folder.py (the serving tokenizer with Qwen's vision tokens)."""
 import hashlib
 from pathlib import Path
 
@@ -9,21 +9,21 @@ import numpy as np
 import torch
 
 from sluice.v1 import generation_pb2, multimodal_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.e2e.served_greedy import MAX_NEW_TOKENS, copy_tokenizer
-from tests.worker.tiny_qwen2_5_vl import IMAGE_TOKEN, VISION_END, VISION_START, hf_model
+from tests.e2e.served_greedy import MAX_NEW_TOKENS
+from tests.router.tiny_vl_folder import tiny_vl_folder
 
-EOS_TOKEN_ID = 0  # TINY_QWEN2_5_VL's
 TEXT = [1000 + 7 * i for i in range(20)]  # the prompts' text before their first image: one whole block and more
 IMAGE_SIZES = {"wide": (12, 20), "small": (8, 8), "tall": (16, 12), "wide2": (12, 20)}  # pixels: 15, 4, 12, 15 tokens
 PROMPT_IMAGES = [[], ["wide"], ["small", "tall"], ["wide2"], ["tall", "wide"], ["small"], ["wide", "small"],
                  ["wide2", "tall"]]
 
 
-def tiny_checkpoint(folder: Path, tokenizer_dir: Path, vocab_size: int):
-    """(the folder, with the tokenizer, transformers' model saved in it)."""
-    hf = hf_model(vocab_size=vocab_size)
-    hf.save_pretrained(folder)
-    return copy_tokenizer(tokenizer_dir, folder), hf
+def tiny_checkpoint(folder: Path, tokenizer_dir: Path):
+    """(the folder, transformers' model of it)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    tiny_vl_folder(tokenizer_dir, folder)
+    return folder, Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 def processed_images() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -42,18 +42,19 @@ def processed_images() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return images
 
 
-def image_prompt(text: list[int], names: list[str], processed) -> tuple[list[int], list[multimodal_pb2.ImageInput]]:
+def image_prompt(hf, text: list[int], names: list[str],
+                 processed) -> tuple[list[int], list[multimodal_pb2.ImageInput]]:
     """The text, then each image between vision start and end tokens with its placeholders, three tokens after it;
     and the images as a router sends them."""
     ids, images = list(text), []
     for name in names:
         pixel_values, grid_thw = processed[name]
         length = int(grid_thw.prod()) // 4
-        ids.append(VISION_START)
+        ids.append(hf.config.vision_start_token_id)
         images.append(multimodal_pb2.ImageInput(
             pixel_values=pixel_values.numpy().tobytes(), pixel_shape=pixel_values.shape, grid_thw=grid_thw[0].tolist(),
             offset=len(ids), length=length, hash=hashlib.sha256(pixel_values.numpy().tobytes()).digest()))
-        ids += [IMAGE_TOKEN] * length + [VISION_END, *text[:3]]
+        ids += [hf.config.image_token_id] * length + [hf.config.vision_end_token_id, *text[:3]]
     return ids, images
 
 
@@ -63,11 +64,12 @@ def hf_image_greedy(hf, ids: list[int], names: list[str], processed) -> list[int
     if names:
         inputs |= {"pixel_values": torch.cat([processed[name][0] for name in names]),
                    "image_grid_thw": torch.cat([processed[name][1] for name in names]),
-                   "mm_token_type_ids": (inputs["input_ids"] == IMAGE_TOKEN).int()}
+                   "mm_token_type_ids": (inputs["input_ids"] == hf.config.image_token_id).int()}
+    eos = hf.config.text_config.eos_token_id
     with torch.inference_mode():
         tokens = hf.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=EOS_TOKEN_ID)[0, len(ids):].tolist()
-    return tokens[:tokens.index(EOS_TOKEN_ID) + 1] if EOS_TOKEN_ID in tokens else tokens
+                             pad_token_id=eos)[0, len(ids):].tolist()
+    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 def submit(request_id: str, ids: list[int], images: list, n: int = 1) -> scheduler_pb2.Submit:
@@ -105,7 +107,7 @@ def served(services, submits: list[scheduler_pb2.Submit]) -> dict[str, dict]:
 
 def assert_eight_at_once_match_hf(services, hf, processed) -> None:
     """The PROMPT_IMAGES prompts at once give transformers' greedy tokens, and leave no KV block held."""
-    prompts = [image_prompt(TEXT, names, processed) for names in PROMPT_IMAGES]
+    prompts = [image_prompt(hf, TEXT, names, processed) for names in PROMPT_IMAGES]
     results = served(services, [submit(f"together-{i}", ids, images) for i, (ids, images) in enumerate(prompts)])
     assert [results[f"together-{i}"]["tokens"] for i in range(len(prompts))] == \
         [hf_image_greedy(hf, ids, names, processed) for (ids, _), names in zip(prompts, PROMPT_IMAGES)]

@@ -10,8 +10,8 @@ from tests.e2e.services import running_services
 pytestmark = pytest.mark.slow
 
 
-def test_eight_at_once_at_tp2_match_hf(tmp_path, default_model_dir, hf_tokenizer):
-    folder, hf = tiny_checkpoint(tmp_path, default_model_dir, len(hf_tokenizer))
+def test_eight_at_once_at_tp2_match_hf(tmp_path, default_model_dir):
+    folder, hf = tiny_checkpoint(tmp_path, default_model_dir)
     with running_services(folder, [*SMALL_POOL, "--max-num-batched-tokens", "32", "--encoder-cache-size", "32"],
                           tensor_parallel_size=2) as services:
         assert_eight_at_once_match_hf(services, hf, processed_images())

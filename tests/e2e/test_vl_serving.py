@@ -2,8 +2,7 @@
 different sizes give Hugging Face's float32 greedy tokens alone and 8 at once, over a token budget that splits an
 image's placeholders between prefill chunks and a KV pool small enough to preempt; a repeat of an image and its text
 reports cached tokens, another image after the same text none beyond the text before it; and smg with the `openai`
-client answers image_url data URIs with the native API's text. The scheduler and the worker take a Submit's images
-with issue 50's engine half: until it is in, the tests with images fail."""
+client answers image_url data URIs with the native API's text."""
 import base64
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +26,7 @@ from tests.router.tiny_vl_folder import MAX_PIXELS, tiny_vl_folder
 pytestmark = pytest.mark.slow
 MAX_NEW_TOKENS = 8
 BLOCK_SIZE = 16
-SCHEDULER = ["--num-blocks", "12", "--block-size", str(BLOCK_SIZE), "--max-num-batched-tokens", "24"]
+SCHEDULER = ["--num-blocks", "8", "--block-size", str(BLOCK_SIZE), "--max-num-batched-tokens", "24"]
 WIDE, SQUARE, TALL, OTHER_WIDE = png(12, 20, seed=1), png(8, 8, seed=2), png(24, 12, seed=3), png(12, 20, seed=4)
 PROMPTS = {
     "no image": [user_message("Hello there")],
