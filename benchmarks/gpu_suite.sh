@@ -30,6 +30,9 @@
 #   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count in bf16 and
 #               FP8 (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 in FP8 and bf16 and the standard workload
 #               beside Qwen3-0.6B's
+#   w4a16       the 4-bit decode kernel against the copy at Llama-3.1-8B's projections (benchmarks/w4a16_decode.py), then
+#               Llama-3.1-8B batch 1 in 4 bits (GPTQ) beside its floor (benchmarks/decode_floor.py), and the 400 x 1,000 /
+#               1,000 workload in 4 bits, bf16 and FP8
 #   window      Mistral-7B-v0.1's KV blocks in use over 8 prompts of 32k tokens, with its sliding window and without;
 #               the attention kernels of sliding and global layers in decode steps of Gemma-3-4B and gpt-oss-20b
 #               (benchmarks/sliding_window.py)
@@ -95,6 +98,16 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
         echo "-- 400 x 1,000 in / 1,000 out ${flags:-bf16}"
         BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 --input-len 1000 1000 \
           --output-len 1000 1000 --max-num-seqs 512 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
+      done ;;
+    w4a16)
+      timeout 300 python3 benchmarks/w4a16_decode.py "$OUT/w4a16_decode.json" --sweep 2>&1 | grep -v -i warn | tail -12
+      timeout 120 python3 benchmarks/decode_floor.py "$OUT/floor_8b_gptq.json" --quantization gptq 2>&1 | tail -1
+      bench latency --model Llama-3.1-8B "${DUMMY[@]}" --quantization gptq --in-process \
+        --out "$OUT/latency_8b_gptq_inproc.json"
+      for flags in "--quantization gptq" "" "$FP8"; do
+        echo "-- 400 x 1,000 in / 1,000 out ${flags:-bf16}"
+        BENCH_TIMEOUT=300 bench throughput --model Llama-3.1-8B "${DUMMY[@]}" $flags --num-requests 400 \
+          --input-len 1000 1000 --output-len 1000 1000 --max-num-seqs 512 --out "$OUT/throughput_8b_${flags//[ .-]/}.json"
       done ;;
     fp8profile)
       timeout 400 python3 benchmarks/gpu_step_profile.py "$OUT/profile_8b_fp8.json" --model Llama-3.1-8B $FP8 \
