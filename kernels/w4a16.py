@@ -22,25 +22,10 @@ from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.fused_moe import _tile_of
 from sluice.kernels.paged_kv import dot_config
 from sluice.kernels.w4a16_layout import SYMMETRIC_ZERO, W4A16Weight, dequantize
+from sluice.kernels.w4a16_tile import dequantized_tile
 
 DECODE_ROWS = 8  # at most this many rows take the decode kernel
 _SYMMETRIC_ZERO = tl.constexpr(SYMMETRIC_ZERO)
-
-
-@triton.jit
-def _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS: tl.constexpr,
-                       GROUP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """W.T[k : k + BLOCK_K, cols] in the scales' dtype: [BLOCK_K, BLOCK_N], the slice within one group."""
-    words = tl.load(qweight_ptr + (k // 8 + tl.arange(0, BLOCK_K // 8))[:, None] * N + cols[None, :])
-    q = (words[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
-    q = tl.reshape(q, [BLOCK_K, BLOCK_N])
-    group = k // GROUP
-    if HAS_ZEROS:
-        q -= tl.load(zeros_ptr + group * N + cols).to(tl.int32)[None, :]
-    else:
-        q -= _SYMMETRIC_ZERO
-    scale = tl.load(scales_ptr + group * N + cols)
-    return (q.to(tl.float32) * scale.to(tl.float32)[None, :]).to(scale.dtype)  # exact, then rounded once
 
 
 @triton.jit
@@ -83,7 +68,8 @@ def _w4a16_gemm_kernel(
     for k in range(0, K, BLOCK_K):
         x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
         a = tl.load(x_rows + x_cols[None, :], mask=row_mask[:, None], other=0.0)
-        w = _dequantized_slice(qweight_ptr, scales_ptr, zeros_ptr, k, cols, N, HAS_ZEROS, GROUP, BLOCK_K, BLOCK_N)
+        w = dequantized_tile(qweight_ptr + cols[None, :], scales_ptr + cols, zeros_ptr + cols, k, N, N, HAS_ZEROS,
+                             GROUP, BLOCK_K, BLOCK_N)
         acc = tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
     _store(out_ptr, acc, bias_ptr, rows, row_mask, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
 
