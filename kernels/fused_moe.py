@@ -18,6 +18,13 @@ block's columns for block-wise ones (kernels.fp8_quant), and the dots multiply e
 out of the sum over K: the epilogue multiplies each accumulator by its row's and its column's scale
 (torch._scaled_mm's arithmetic). Block scales multiply each K slice's product, a slice never crossing a group (BLOCK_K
 divides the block's columns).
+
+4-bit experts (vLLM's int4_w4a16 path): each projection a kernels.w4a16_layout.W4A16Stack, every expert's weight in
+the dense W4A16 layout (int32 words [K / 8, N], scales and zero points [K / group, N]) stacked. Each K slice of the
+weight is dequantized in registers (kernels.w4a16_tile, the dense GEMM's tile) into the activation dtype, as the
+reference dequantizes the expert first, and fed to the same dots; a slice never crosses a group (BLOCK_K divides it).
+The layout is the dense one rather than vLLM's [E, N, K / 2] bytes so that one conversion, one sharding and one
+dequantizing tile serve both.
 """
 import math
 
@@ -30,6 +37,8 @@ from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.fp8_quant import (FP8, quantize_row_groups_fp8, quantize_row_groups_fp8_ref, quantize_rows_fp8,
                                       quantize_rows_fp8_ref)
 from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, pair_blocks
+from sluice.kernels.w4a16_layout import W4A16Stack, dequantize_stack
+from sluice.kernels.w4a16_tile import dequantized_tile
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SPARSE_STEP = 4  # a step of at most experts / 4 pairs gives each pair its own block, unsorted (as vLLM does)
@@ -68,22 +77,37 @@ def _load_tile(tile, k_mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, up_offset, w_up_scales, K, stride_wk, stride_sk,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                    EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+def _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K: tl.constexpr,
+                 INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W.T[k : k + BLOCK_K, cols] [BLOCK_K, BLOCK_N]: loaded, or with INT4_GROUP (4-bit weights' group size) the
+    slice's words (rows stride_wk apart) dequantized by the scales and zero points (groups stride_sk apart)."""
+    if INT4_GROUP:  # one branch compiles: the two tiles' dtypes differ
+        tile = dequantized_tile(w_cols, w_scales, w_zeros, k, stride_wk, stride_sk, HAS_ZEROS, INT4_GROUP, BLOCK_K,
+                                BLOCK_N)
+    else:
+        ks = k + tl.arange(0, BLOCK_K)
+        tile = _load_tile(w_cols + ks[:, None] * stride_wk, ks < K, EVEN_K)
+    return tile
+
+
+@triton.jit
+def _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zeros, up_offset, w_up_scales, w_up_zeros, K,
+                    stride_wk, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GATED: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+                    HAS_ZEROS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] = A[rows, :K] @ W[cols, :K].T in float32 (and acc_up for the rows up_offset further
     on in W, when GATED). a_rows: [BLOCK_M, 1] row pointers (elements contiguous); w_cols: [1, BLOCK_N] pointers to
     the weight rows; padding rows load zeros. With GROUP_K (block-wise FP8), each K slice's product is multiplied by
     its group's scales: a_scales [BLOCK_M] and w_scales (w_up_scales) [BLOCK_N] point to the rows' and the columns'
-    first group's, the next groups 1 and stride_sk further on."""
+    first group's, the next groups 1 and stride_sk further on. With INT4_GROUP, w_cols points to the columns' first
+    words, and w_scales (w_up_scales) and w_zeros (w_up_zeros) to their first group's scales and zero points."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
-        w_tile = w_cols + ks[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
-        w = _load_tile(w_tile, ks < K, EVEN_K).to(DOT_DTYPE)
+        w = _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K, INT4_GROUP, HAS_ZEROS,
+                         BLOCK_K, BLOCK_N).to(DOT_DTYPE)
         if GROUP_K:  # the slice lies in one group (BLOCK_K divides GROUP_K)
             a_scale = tl.load(a_scales + k // GROUP_K, mask=row_mask, other=0.0)[:, None]
             w_scale = tl.load(w_scales + k // GROUP_K * stride_sk)[None, :]
@@ -91,7 +115,8 @@ def _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, up_offset, w_u
         else:
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         if GATED:
-            w_up = _load_tile(w_tile + up_offset, ks < K, EVEN_K).to(DOT_DTYPE)
+            w_up = _weight_tile(w_cols + up_offset, w_up_scales, w_up_zeros, k, K, stride_wk, stride_sk, EVEN_K,
+                                INT4_GROUP, HAS_ZEROS, BLOCK_K, BLOCK_N).to(DOT_DTYPE)
             if GROUP_K:
                 w_up_scale = tl.load(w_up_scales + k // GROUP_K * stride_sk)[None, :]
                 acc_up += tl.dot(a, w_up, input_precision=DOT_PRECISION) * a_scale * w_up_scale
@@ -108,13 +133,14 @@ def _row_scaled(acc, a_scales, row_mask, w_scales):
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr, num_padded_ptr,
-    num_pairs, num_blocks, hidden, intermediate,
+    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
+    num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
     stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_be,
     HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr,
     ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes h[pair, n] = silu(w13[e, n] . x[token]) * (w13[e, I + n] . x[token])
     for the block's pairs (token = pair // TOP_K, e the block's expert) and BLOCK_N columns n of the intermediate.
@@ -140,10 +166,12 @@ def _moe_gate_up_kernel(
     a_rows = x_ptr + tokens[:, None] * stride_xt
     w_cols = w13_ptr + expert * stride_we + (cols % intermediate).to(tl.int64)[None, :] * stride_wn
     a_scales = a_scale_ptr + tokens * stride_as
-    w_scales = w_scale_ptr + expert * stride_se + (cols % intermediate // GROUP_N) * stride_sn
-    w_up_scales = w_scale_ptr + expert * stride_se + ((intermediate + cols % intermediate) // GROUP_N) * stride_sn
-    gate, up = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, intermediate * stride_wn, w_up_scales,
-                               hidden, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, GROUP_K,
+    scale_cols = expert * stride_se + (cols % intermediate // GROUP_N) * stride_sn
+    up_scale_cols = expert * stride_se + ((intermediate + cols % intermediate) // GROUP_N) * stride_sn
+    w_scales, w_up_scales = w_scale_ptr + scale_cols, w_scale_ptr + up_scale_cols
+    gate, up = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zero_ptr + scale_cols,
+                               intermediate * stride_wn, w_up_scales, w_zero_ptr + up_scale_cols, hidden, stride_wk,
+                               stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS,
                                DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         gate = _row_scaled(gate, a_scales, row_mask, w_scales)
@@ -170,13 +198,13 @@ def _moe_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_down_kernel(
-    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
-    num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, bias_ptr, sorted_ids_ptr,
+    block_experts_ptr, num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
     stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_be,
     HAS_BIAS: tl.constexpr, ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr,
-    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
     block's pairs and BLOCK_N hidden columns n (plus bias[e, n] with HAS_BIAS). The product is rounded to the model
@@ -194,9 +222,11 @@ def _moe_down_kernel(
     a_rows = h_ptr + pairs.to(tl.int64)[:, None] * stride_ht
     w_cols = w2_ptr + expert * stride_we + (cols % hidden).to(tl.int64)[None, :] * stride_wn
     a_scales = a_scale_ptr + pairs.to(tl.int64) * stride_as
-    w_scales = w_scale_ptr + expert * stride_se + (cols % hidden // GROUP_N) * stride_sn
-    acc, _ = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, 0, w_scales, intermediate, stride_wk,
-                             stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K, DOT_DTYPE, DOT_PRECISION)
+    scale_cols = expert * stride_se + (cols % hidden // GROUP_N) * stride_sn
+    w_scales, w_zeros = w_scale_ptr + scale_cols, w_zero_ptr + scale_cols
+    acc, _ = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zeros, 0, w_scales, w_zeros,
+                             intermediate, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K,
+                             INT4_GROUP, HAS_ZEROS, DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         acc = _row_scaled(acc, a_scales, row_mask, w_scales)
     if HAS_BIAS:
@@ -223,7 +253,8 @@ def moe_launch_config(num_tokens: int, top_k: int, num_experts: int, hidden: int
     # (tokens * top_k / experts) rather than by tokens, so models with few experts (Mixtral: 8, top-2) reach the
     # large tiles at fewer tokens. Their BLOCK_N counts the 2I-wide gate_up output, as here. To retune on a GPU:
     # `python benchmarks/fused_moe.py OUT.json --sweep`. FP8 experts take the same tiles, unmeasured too (e4m3
-    # operands fill half the shared memory: the H200 compile of tests/kernels/moe_h200_compile.py).
+    # operands fill half the shared memory: the H200 compile of tests/kernels/moe_h200_compile.py). 4-bit experts
+    # take them too, unmeasured (their K slice cut to divide the group; the same compile: pipelined, no spills).
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert < 2:  # decode: each expert's block has a row or two; the weights stream once
         config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
@@ -254,11 +285,13 @@ def _dot_config(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str
     return {FP8: tl.float8e4nv, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype], "tf32"
 
 
-def _kernel_options(config: dict, k: int, a: torch.Tensor, group_k: int, pdl: bool) -> dict:
-    """group_k: block-wise FP8 weights' columns per block, which the K slice must divide; 0 for other weights."""
+def _kernel_options(config: dict, k: int, a: torch.Tensor, scales: dict, pdl: bool) -> dict:
+    """scales: _scaled_operands'; the K slice divides block-wise FP8 weights' columns per block and 4-bit weights'
+    groups."""
+    group_k = scales["GROUP_K"] or scales["INT4_GROUP"]
     block_k = math.gcd(config["BLOCK_K"], group_k) if group_k else config["BLOCK_K"]
     if block_k < 16:
-        raise ValueError(f"FP8 weight blocks of {group_k} columns: a GEMM's K slice must divide them and hold 16")
+        raise ValueError(f"weight groups of {group_k} columns: a GEMM's K slice must divide them and hold 16")
     dot_dtype, precision = _dot_config(a.dtype, a.device)
     return dict(BLOCK_K=block_k, GROUP_M=config["GROUP_M"], EVEN_K=k % block_k == 0, DOT_DTYPE=dot_dtype,
                 DOT_PRECISION=precision, num_warps=config["num_warps"], num_stages=config["num_stages"],
@@ -276,23 +309,33 @@ def _scaled_operands(name: str, a: torch.Tensor, weight: torch.Tensor, weight_sc
     """(the GEMM's A operand, its kernel's scale arguments) for a (rows of activations) and weight [E, N, K]: a as it
     is for a weight in a's dtype; for an e4m3 weight, a's rows quantized to e4m3 under absmax_bound, whole or in
     groups of block_shape's columns (off CUDA by the torch twin, the same arithmetic: the interpreter rounds FP8
-    stores wrongly)."""
+    stores wrongly). A 4-bit weight's: its scales and zero points, a group's row stride_sk further on."""
+    if isinstance(weight, W4A16Stack):
+        if weight.scales.dtype != a.dtype:
+            raise ValueError(f"{name}'s 4-bit scales in {weight.scales.dtype} do not fit activations in {a.dtype}")
+        zeros = weight.scales if weight.zeros is None else weight.zeros
+        return a, dict(a_scale_ptr=a, w_scale_ptr=weight.scales, w_zero_ptr=zeros, stride_as=0,
+                       stride_se=weight.scales.stride(0), stride_sn=1, stride_sk=weight.scales.stride(1),
+                       ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=weight.group_size,
+                       HAS_ZEROS=weight.zeros is not None)
+    unquantized = dict(INT4_GROUP=0, HAS_ZEROS=False)
     if weight_scale is None:
         if weight.dtype != a.dtype:
             raise ValueError(f"{name} {weight.dtype} does not fit activations in {a.dtype} (e4m3 weights take scales)")
-        return a, dict(a_scale_ptr=a, w_scale_ptr=weight, stride_as=0, stride_se=0, stride_sn=0, stride_sk=0,
-                       ROW_SCALES=False, GROUP_N=1, GROUP_K=0)
+        return a, dict(a_scale_ptr=a, w_scale_ptr=weight, w_zero_ptr=weight, stride_as=0, stride_se=0, stride_sn=0,
+                       stride_sk=0, ROW_SCALES=False, GROUP_N=1, GROUP_K=0, **unquantized)
     _check_scale(name, weight, weight_scale, block_shape)
     if block_shape is None:
         a_q, a_scale = (quantize_rows_fp8 if a.is_cuda else quantize_rows_fp8_ref)(a, absmax_bound=absmax_bound)
-        return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, stride_as=1, stride_se=weight_scale.stride(0),
-                         stride_sn=weight_scale.stride(1), stride_sk=0, ROW_SCALES=True, GROUP_N=1, GROUP_K=0)
+        return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, w_zero_ptr=weight_scale, stride_as=1,
+                         stride_se=weight_scale.stride(0), stride_sn=weight_scale.stride(1), stride_sk=0,
+                         ROW_SCALES=True, GROUP_N=1, GROUP_K=0, **unquantized)
     quantize = quantize_row_groups_fp8 if a.is_cuda else quantize_row_groups_fp8_ref
     a_q, a_scale = quantize(a, block_shape[1], absmax_bound)
-    return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, stride_as=a_scale.stride(0),
-                     stride_se=weight_scale.stride(0), stride_sn=weight_scale.stride(1),
+    return a_q, dict(a_scale_ptr=a_scale, w_scale_ptr=weight_scale, w_zero_ptr=weight_scale,
+                     stride_as=a_scale.stride(0), stride_se=weight_scale.stride(0), stride_sn=weight_scale.stride(1),
                      stride_sk=weight_scale.stride(2), ROW_SCALES=False, GROUP_N=block_shape[0],
-                     GROUP_K=block_shape[1])
+                     GROUP_K=block_shape[1], **unquantized)
 
 
 def _check_scale(name: str, weight: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int] | None) -> None:
@@ -306,17 +349,18 @@ def _check_scale(name: str, weight: torch.Tensor, scale: torch.Tensor, block_sha
                          f"float32 scale {expected}")
 
 
-def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int, config: dict,
+def moe_gate_up(x: torch.Tensor, w13: torch.Tensor | W4A16Stack, blocks: ExpertBlocks, top_k: int, config: dict,
                 w13_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                 absmax_bound: float | None = None, pdl: bool = True, bias: torch.Tensor | None = None,
                 swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """h [T * top_k, I] in x's dtype: h[pair] = silu(w13[e, :I] @ x[token]) * (w13[e, I:] @ x[token]) for every
     pair in blocks (pair = token * top_k + slot, e its block's expert). Rows of pairs in no block are not written.
-    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows) in x's dtype, or e4m3 with w13_scale (see fused_experts);
+    x: [T, H]; w13: [E, 2I, H] (gate rows, then up rows) in x's dtype, e4m3 with w13_scale, or 4-bit (see
+    fused_experts);
     bias [E, 2I] adds to both products; swiglu (alpha, limit): the clamped SwiGLU instead (see fused_experts)."""
     _check_blocks(blocks, config)
     num_tokens, hidden = x.shape
-    if w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
+    if len(w13.shape) != 3 or w13.shape[1] % 2 or w13.shape[2] != hidden:
         raise ValueError(f"w13 {tuple(w13.shape)} does not fit x {tuple(x.shape)}")
     intermediate = w13.shape[1] // 2
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -325,31 +369,32 @@ def moe_gate_up(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k:
         raise ValueError(f"w13's gate and up halves of {intermediate} rows are no whole FP8 blocks of "
                          f"{block_shape[0]}")
     a, scales = _scaled_operands("w13", x, w13, w13_scale, block_shape, absmax_bound)
+    w13_words, w13_strides = _weight_arguments(w13)
     num_blocks = blocks.block_experts.shape[0]
     block_n = config["BLOCK_N"] // 2
     alpha, limit = swiglu or (0.0, 0.0)
     if num_blocks:
         _moe_gate_up_kernel[(num_blocks * triton.cdiv(intermediate, block_n),)](
-            a, w13, h, **_bias_arguments(bias, w13), SWIGLU_ALPHA=alpha, SWIGLU_LIMIT=limit,
+            a, w13_words, h, **_bias_arguments(bias, w13.shape, w13_words), SWIGLU_ALPHA=alpha, SWIGLU_LIMIT=limit,
             **_block_arguments(blocks), num_pairs=h.shape[0], num_blocks=num_blocks, hidden=hidden,
-            intermediate=intermediate, stride_xt=a.stride(0), stride_we=w13.stride(0), stride_wn=w13.stride(1),
-            stride_wk=w13.stride(2), stride_ht=h.stride(0), TOP_K=top_k, BLOCK_N=block_n,
-            **scales, **_kernel_options(config, hidden, a, scales["GROUP_K"], pdl),
+            intermediate=intermediate, stride_xt=a.stride(0), **w13_strides, stride_ht=h.stride(0), TOP_K=top_k,
+            BLOCK_N=block_n,
+            **scales, **_kernel_options(config, hidden, a, scales, pdl),
         )
     return h
 
 
-def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks, config: dict,
-             zero_unrouted: bool = False, w2_scale: torch.Tensor | None = None,
+def moe_down(h: torch.Tensor, w2: torch.Tensor | W4A16Stack, topk_weights: torch.Tensor, blocks: ExpertBlocks,
+             config: dict, zero_unrouted: bool = False, w2_scale: torch.Tensor | None = None,
              block_shape: tuple[int, int] | None = None, absmax_bound: float | None = None,
              pdl: bool = True, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y [pairs, H] in h's dtype: y[pair] = topk_weights[pair] * (w2[e] @ h[pair] + bias[e]) for every pair in
     blocks. Rows of pairs in no block are zeros with zero_unrouted, else not written. h: [pairs, I]; w2: [E, H, I] in
-    h's dtype, or e4m3 with w2_scale (see fused_experts); topk_weights: float32 with one weight per pair ([T, top_k]);
-    bias: [E, H] or None."""
+    h's dtype, e4m3 with w2_scale, or 4-bit (see fused_experts); topk_weights: float32 with one weight per pair
+    ([T, top_k]); bias: [E, H] or None."""
     _check_blocks(blocks, config)
     num_pairs, intermediate = h.shape
-    if w2.dim() != 3 or w2.shape[2] != intermediate:
+    if len(w2.shape) != 3 or w2.shape[2] != intermediate:
         raise ValueError(f"w2 {tuple(w2.shape)} does not fit h {tuple(h.shape)}")
     if topk_weights.numel() != num_pairs or topk_weights.dtype != torch.float32:
         raise ValueError(f"topk_weights must be float32 with {num_pairs} weights, got {topk_weights.dtype} "
@@ -359,14 +404,16 @@ def moe_down(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, bloc
     h = h if h.stride(1) == 1 else h.contiguous()
     y = (torch.zeros if zero_unrouted else torch.empty)(num_pairs, hidden, dtype=h.dtype, device=h.device)
     a, scales = _scaled_operands("w2", h, w2, w2_scale, block_shape, absmax_bound)
+    w2_words, w2_strides = _weight_arguments(w2)
     num_blocks = blocks.block_experts.shape[0]
     if num_blocks:
         _moe_down_kernel[(num_blocks * triton.cdiv(hidden, config["BLOCK_N"]),)](
-            a, w2, weights, y, **_bias_arguments(bias, w2), **_block_arguments(blocks), num_pairs=num_pairs,
+            a, w2_words, weights, y, **_bias_arguments(bias, w2.shape, w2_words), **_block_arguments(blocks),
+            num_pairs=num_pairs,
             num_blocks=num_blocks, hidden=hidden, intermediate=intermediate, stride_ht=a.stride(0),
-            stride_we=w2.stride(0), stride_wn=w2.stride(1), stride_wk=w2.stride(2), stride_yt=y.stride(0),
+            **w2_strides, stride_yt=y.stride(0),
             BLOCK_N=config["BLOCK_N"],
-            **scales, **_kernel_options(config, intermediate, a, scales["GROUP_K"], pdl),
+            **scales, **_kernel_options(config, intermediate, a, scales, pdl),
         )
     return y
 
@@ -379,13 +426,23 @@ def _block_arguments(blocks: ExpertBlocks) -> dict:
                 BLOCK_M=blocks.block_m, ONE_PAIR_EACH=blocks.one_pair_each)
 
 
-def _bias_arguments(bias: torch.Tensor | None, weight: torch.Tensor) -> dict:
-    """A GEMM kernel's bias arguments for weight [E, N, K]: bias [E, N] (contiguous rows), or None."""
+def _weight_arguments(weight: torch.Tensor | W4A16Stack) -> tuple[torch.Tensor, dict]:
+    """(the tensor a GEMM kernel reads of weight [E, N, K], its strides along experts, N and K): a 4-bit stack's
+    words, whose rows (eight inputs each) stride_wk apart."""
+    if isinstance(weight, W4A16Stack):
+        words = weight.qweight
+        return words, dict(stride_we=words.stride(0), stride_wn=1, stride_wk=words.stride(1))
+    return weight, dict(stride_we=weight.stride(0), stride_wn=weight.stride(1), stride_wk=weight.stride(2))
+
+
+def _bias_arguments(bias: torch.Tensor | None, shape: tuple[int, ...], placeholder: torch.Tensor) -> dict:
+    """A GEMM kernel's bias arguments for a weight of shape [E, N, K]: bias [E, N] (contiguous rows), or None (the
+    placeholder stands in)."""
     if bias is None:
-        return dict(bias_ptr=weight, stride_be=0, HAS_BIAS=False)
-    if tuple(bias.shape) != tuple(weight.shape[:2]) or bias.stride(1) != 1:
-        raise ValueError(f"a bias of {tuple(bias.shape)} for weights {tuple(weight.shape)}: it must be "
-                         f"{tuple(weight.shape[:2])} with contiguous rows")
+        return dict(bias_ptr=placeholder, stride_be=0, HAS_BIAS=False)
+    if tuple(bias.shape) != tuple(shape[:2]) or bias.stride(1) != 1:
+        raise ValueError(f"a bias of {tuple(bias.shape)} for weights {tuple(shape)}: it must be "
+                         f"{tuple(shape[:2])} with contiguous rows")
     return dict(bias_ptr=bias, stride_be=bias.stride(0), HAS_BIAS=True)
 
 
@@ -395,22 +452,25 @@ def _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must be "
                          f"[{x.shape[0]}, top_k]")
-    if w13.dim() != 3 or w2.dim() != 3 or w2.shape[0] != w13.shape[0] or w13.shape[1] != 2 * w2.shape[2] \
+    if len(w13.shape) != 3 or len(w2.shape) != 3 or w2.shape[0] != w13.shape[0] or w13.shape[1] != 2 * w2.shape[2] \
             or w13.shape[2] != x.shape[1] or w2.shape[1] != x.shape[1]:
         raise ValueError(f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} must be [E, 2I, H] and [E, H, I] with "
                          f"H = {x.shape[1]}")
     if (w13_scale is None) != (w2_scale is None):
         raise ValueError("w13 and w2 must both be e4m3 with scales, or neither")
+    four_bit = isinstance(w13, W4A16Stack)
+    if four_bit != isinstance(w2, W4A16Stack) or four_bit and w13_scale is not None:
+        raise ValueError("w13 and w2 must both be 4-bit stacks (without e4m3 scales), or neither")
     if expert_map is not None and expert_map.dim() != 1:
         raise ValueError(f"expert_map must be [global_experts], got {tuple(expert_map.shape)}")
 
 
-def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                  w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
-                  w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
-                  absmax_bound: float | None = None, launch_config: dict | None = None,
-                  pdl: bool = True, w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
-                  swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  w13: torch.Tensor | W4A16Stack, w2: torch.Tensor | W4A16Stack, expert_map: torch.Tensor | None = None,
+                  w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                  block_shape: tuple[int, int] | None = None, absmax_bound: float | None = None,
+                  launch_config: dict | None = None, pdl: bool = True, w13_bias: torch.Tensor | None = None,
+                  w2_bias: torch.Tensor | None = None, swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype:
     out[t] = sum over slots j with a local expert e of topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) *
     (w13[e, I:] @ x[t]))).
@@ -425,6 +485,8 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     block_shape (rows, columns) one per block, w13_scale [E, 2I / rows, ceil(H / columns)] and w2_scale
     [E, ceil(H / rows), ceil(I / columns)] (I a multiple of rows); absmax_bound clips the activations' absolute
     maxima before they are quantized.
+    4-bit experts: w13 and w2 W4A16Stacks of shapes [E, 2I, H] and [E, H, I], their scales in x's dtype, their
+    group size a multiple of 16 (the K slice divides it).
     """
     _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     num_tokens, hidden = x.shape
@@ -471,10 +533,12 @@ def _dequantized_blocks(values: torch.Tensor, scale: torch.Tensor, block_shape: 
     return values.float() * scale
 
 
-def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, top_k: int,
+def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor | W4A16Stack, blocks: ExpertBlocks, top_k: int,
                     w13_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                     absmax_bound: float | None = None) -> torch.Tensor:
-    """Plain torch, one expert at a time over the pairs in blocks; rows of pairs in no block are zeros."""
+    """Plain torch, one expert at a time over the pairs in blocks (4-bit experts dequantized first); rows of pairs
+    in no block are zeros."""
+    w13 = _dense(w13)
     h = torch.zeros(x.shape[0] * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
     for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
         scale = None if w13_scale is None else w13_scale[expert]
@@ -483,10 +547,11 @@ def moe_gate_up_ref(x: torch.Tensor, w13: torch.Tensor, blocks: ExpertBlocks, to
     return h
 
 
-def moe_down_ref(h: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks,
+def moe_down_ref(h: torch.Tensor, w2: torch.Tensor | W4A16Stack, topk_weights: torch.Tensor, blocks: ExpertBlocks,
                  w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                  absmax_bound: float | None = None) -> torch.Tensor:
-    """Plain torch, one expert at a time; rows of pairs in no block are zeros."""
+    """Plain torch, one expert at a time (4-bit experts dequantized first); rows of pairs in no block are zeros."""
+    w2 = _dense(w2)
     y = torch.zeros(h.shape[0], w2.shape[1], dtype=h.dtype, device=h.device)
     weights = topk_weights.reshape(-1)
     for expert, pairs in _pairs_by_expert(blocks, h.shape[0]):
@@ -508,16 +573,18 @@ def _pairs_by_expert(blocks: ExpertBlocks, num_pairs: int):
         yield expert, rows[routed & (experts == expert)]
 
 
-def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                      w2: torch.Tensor, expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
+def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      w13: torch.Tensor | W4A16Stack, w2: torch.Tensor | W4A16Stack,
+                      expert_map: torch.Tensor | None = None, w13_scale: torch.Tensor | None = None,
                       w2_scale: torch.Tensor | None = None, block_shape: tuple[int, int] | None = None,
                       absmax_bound: float | None = None, w13_bias: torch.Tensor | None = None,
                       w2_bias: torch.Tensor | None = None, swiglu: tuple[float, float] | None = None) -> torch.Tensor:
     """Plain torch as Hugging Face's sparse MoE blocks compute it: one local expert at a time over its tokens, its
     output times the routing weight (in x's dtype) added into the result in x's dtype. FP8 experts' products as the
     dense FP8 GEMM computes them (_expert_linear_ref), biases added to the (scaled) products; the clamped SwiGLU as
-    gpt-oss computes it."""
+    gpt-oss computes it; 4-bit experts dequantized first (kernels.w4a16_layout.dequantize_stack)."""
     _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
+    w13, w2 = _dense(w13), _dense(w2)
     experts = topk_ids.long() if expert_map is None else expert_map.long()[topk_ids.long()]
     out = torch.zeros_like(x)
     for expert in range(w13.shape[0]):
@@ -530,6 +597,10 @@ def fused_experts_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: tor
                                absmax_bound, _of(w2_bias, expert))
         out.index_add_(0, tokens, y * topk_weights[tokens, slots, None].to(x.dtype))
     return out
+
+
+def _dense(weight: torch.Tensor | W4A16Stack) -> torch.Tensor:
+    return dequantize_stack(weight) if isinstance(weight, W4A16Stack) else weight
 
 
 def _of(stacked: torch.Tensor | None, expert: int) -> torch.Tensor | None:

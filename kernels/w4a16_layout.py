@@ -60,6 +60,54 @@ class W4A16Weight:
         return self.in_features // self.scales.shape[0]
 
 
+@dataclass(slots=True)
+class W4A16Stack:
+    """A mixture's experts' weights of one projection, stacked: expert e's W4A16Weight is (qweight[e], scales[e],
+    zeros[e]), its inputs in order (act-order experts are not stacked). The grouped GEMMs read expert e's words
+    [K / 8, N] as the dense GEMM reads a weight's, at an offset of e words-per-expert."""
+    qweight: torch.Tensor  # int32 [E, K / 8, N]
+    scales: torch.Tensor  # [E, K / group, N], the activation dtype
+    zeros: torch.Tensor | None  # uint8 [E, K / group, N]; None: 8 (symmetric)
+
+    def __post_init__(self):
+        if self.qweight.dim() != 3 or self.scales.dim() != 3 or self.qweight.shape[0] != self.scales.shape[0]:
+            raise ValueError(f"qweight {tuple(self.qweight.shape)} and scales {tuple(self.scales.shape)} are no "
+                             "[E, K / 8, N] and [E, K / group, N] stacks")
+        self.expert(0)  # an expert's tensors are a W4A16Weight's
+        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros) if t is not None):
+            raise ValueError("a W4A16 stack's tensors must be contiguous")
+
+    def expert(self, index: int) -> W4A16Weight:
+        return W4A16Weight(self.qweight[index], self.scales[index], None if self.zeros is None else self.zeros[index],
+                           None)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """[E, N, K]: the unquantized stack's (nn.Linear's weight per expert)."""
+        experts, k8, n = self.qweight.shape
+        return experts, n, 8 * k8
+
+    @property
+    def group_size(self) -> int:
+        return 8 * self.qweight.shape[1] // self.scales.shape[1]
+
+
+def stack(weights: list[W4A16Weight]) -> W4A16Stack:
+    """The experts' weights (one projection each, inputs in order, one group size) stacked."""
+    if any(weight.perm is not None for weight in weights):
+        raise ValueError("experts quantized with act-order (desc_act / actorder) are not supported: their inputs' "
+                         "groups are scattered differently in each expert")
+    zeros = [weight.zeros for weight in weights]
+    return W4A16Stack(torch.stack([weight.qweight for weight in weights]),
+                      torch.stack([weight.scales for weight in weights]),
+                      None if zeros[0] is None else torch.stack(zeros))
+
+
+def dequantize_stack(weights: W4A16Stack) -> torch.Tensor:
+    """The [E, N, K] stack of each expert's dequantized weight: the grouped GEMMs' reference."""
+    return torch.stack([dequantize(weights.expert(e)) for e in range(weights.shape[0])])
+
+
 def pack_int4(values: torch.Tensor, dim: int) -> torch.Tensor:
     """Integers in [0, 15] -> int32 words of eight along dim (a multiple of 8 long), value i at bits 4i."""
     values = values.movedim(dim, -1).to(torch.int64)

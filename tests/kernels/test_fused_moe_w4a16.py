@@ -1,0 +1,80 @@
+"""The fused MoE kernels over 4-bit experts (kernels.w4a16_layout.W4A16Stack, dequantized in registers inside the
+grouped GEMMs) against their reference (each expert dequantized, then fused_experts_ref): group sizes 32, 64 and 128,
+zero points on and off, odd token counts, top-2 and top-8, and a rank's share of the experts."""
+import pytest
+import torch
+
+from sluice.kernels import fused_experts, fused_experts_ref, topk_softmax_ref
+from sluice.kernels.w4a16_layout import W4A16Stack, dequantize_stack, quantize, stack
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
+
+
+def _routing(num_tokens: int, num_experts: int, top_k: int, device):
+    logits = torch.rand(num_tokens, num_experts).argsort(-1).float().to(device) / 8  # no ties within a row
+    return topk_softmax_ref(logits, top_k, True)
+
+
+def _stacked(num_experts: int, rows: int, columns: int, group: int, zeros: bool, dtype, device) -> W4A16Stack:
+    """Random experts' weights [E, rows, columns] rounded to 4 bits, each expert on its own."""
+    weights = torch.randn(num_experts, rows, columns, device=device) / columns**0.5
+    return stack([quantize(weight.to(dtype), group, sym=not zeros) for weight in weights])
+
+
+def _experts(num_experts: int, hidden: int, intermediate: int, group: int, zeros: bool, dtype, device):
+    return (_stacked(num_experts, 2 * intermediate, hidden, group, zeros, dtype, device),
+            _stacked(num_experts, hidden, intermediate, group, zeros, dtype, device))
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "zero-points"])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (5, 16, 8), (37, 8, 2)])
+def test_4bit_experts_match_reference(device, group, zeros, num_tokens, num_experts, top_k):
+    w13, w2 = _experts(num_experts, 128, 128, group, zeros, torch.float32, device)
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, 128, device=device)
+    out = fused_experts(x, weights, ids, w13, w2)
+    torch.testing.assert_close(out, fused_experts_ref(x, weights, ids, w13, w2), **TOL[torch.float32])
+    dense = fused_experts(x, weights, ids, dequantize_stack(w13), dequantize_stack(w2))
+    torch.testing.assert_close(out, dense, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("num_tokens", [3, 37])
+def test_4bit_experts_in_bfloat16(device, num_tokens):
+    """hidden 96 (three groups of 32), intermediate 64: no powers of two where the tiles are."""
+    w13, w2 = _experts(8, 96, 64, 32, True, torch.bfloat16, device)
+    weights, ids = _routing(num_tokens, 8, 2, device)
+    x = torch.randn(num_tokens, 96, device=device, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2).float(),
+                               fused_experts_ref(x, weights, ids, w13, w2).float(), **TOL[torch.bfloat16])
+
+
+def _rank_share(weights: W4A16Stack, rank: int) -> W4A16Stack:
+    return W4A16Stack(*(None if t is None else t[rank::2].contiguous()
+                        for t in (weights.qweight, weights.scales, weights.zeros)))
+
+
+def test_expert_parallel_ranks_add_up_to_the_whole_layer(device):
+    w13, w2 = _experts(8, 64, 64, 32, True, torch.float32, device)
+    weights, ids = _routing(9, 8, 2, device)
+    x = torch.randn(9, 64, device=device)
+    outs = []
+    for rank in range(2):
+        expert_map = torch.full((8,), -1, dtype=torch.int32, device=device)
+        expert_map[rank::2] = torch.arange(4, dtype=torch.int32, device=device)
+        outs.append(fused_experts(x, weights, ids, _rank_share(w13, rank), _rank_share(w2, rank), expert_map))
+    torch.testing.assert_close(outs[0] + outs[1], fused_experts_ref(x, weights, ids, w13, w2), **TOL[torch.float32])
+
+
+def test_rejects_4bit_and_unquantized_experts_together(device):
+    w13, w2 = _experts(8, 64, 64, 32, False, torch.float32, device)
+    weights, ids = _routing(1, 8, 2, device)
+    with pytest.raises(ValueError, match="both be 4-bit stacks"):
+        fused_experts(torch.randn(1, 64, device=device), weights, ids, w13, dequantize_stack(w2))
+
+
+def test_act_order_experts_are_not_stacked(device):
+    weight = quantize(torch.randn(64, 64, device=device), 32, sym=True)
+    scattered = type(weight)(weight.qweight, weight.scales, None, torch.arange(64, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="act-order"):
+        stack([weight, scattered])
