@@ -1,8 +1,9 @@
-"""Tiny Llama checkpoints in 4 bits, laid out as GPTQ, AutoAWQ and llm-compressor publish them, with our packers
-(tests/kernels/w4a16_packing.py): every projection quantized by round-to-nearest into known int4 values, in groups
-(GPTQ's act-order and compressed-tensors' actorder "group" scatter them, one order per input that projections share,
-as GPTQ's Hessian order is) or one a row; and beside each, its reference: the same model with every projection
-dequantized, in float32, which transformers loads."""
+"""Tiny Llama (or mixture-of-experts) checkpoints in 4 bits, laid out as GPTQ, AutoAWQ and llm-compressor publish them,
+with our packers (tests/kernels/w4a16_packing.py): every projection quantized by round-to-nearest into known int4
+values, in groups (GPTQ's act-order and compressed-tensors' actorder "group" scatter them, one order per input that
+projections share, as GPTQ's Hessian order is) or one a row, experts each on its own and routers unquantized, as
+published; and beside each, its reference: the same model with every projection dequantized, in float32, which
+transformers loads."""
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,9 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
               "eos_token_id": 0, "pad_token_id": 255, "tie_word_embeddings": False}
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_SAME_INPUTS = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}  # share their inputs' order
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+               "w1", "w3", "w2")  # the last three: Mixtral's experts' gate, up and down
+_SAME_INPUTS = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj", "w3": "w1"}  # share their inputs' order
 
 
 @dataclass(frozen=True)

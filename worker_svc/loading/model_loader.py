@@ -19,7 +19,7 @@ from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
 from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
 from sluice.worker.ops.plain_torch import TorchOps
-from sluice.worker.ops.w4a16 import as_w4a16_linears
+from sluice.worker.ops.w4a16 import as_w4a16_experts, as_w4a16_linears
 from sluice.worker.parallel.group import TensorParallelGroup
 
 Checkpoint = tuple[ModelConfig, dict[str, torch.Tensor]]  # a model's config and the rank's weights, worker layout
@@ -90,7 +90,7 @@ class ModelLoader:
             state = to_worker_layout(hf_state, model_config)
             if self.config.quantization in W4A16_METHODS:
                 method = self.config.quantization
-                return replace(model_config, quantization=method), as_dummy_w4a16(state, model_config, method)
+                return replace(model_config, quantization=method), as_dummy_w4a16(state, method)
             return model_config, state
         return load_checkpoint(Path(model), rank, world_size, self.config.enable_expert_parallel)
 
@@ -104,6 +104,7 @@ class ModelLoader:
                 rank_model(layout, traits, ops, self.group)
             keep_stored_precision(model, state)
             as_w4a16_linears(model, state)
+            as_w4a16_experts(model, state)
             keep_stored_expert_precision(model, state)
         _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,

@@ -18,7 +18,6 @@ from sluice.worker.loading.w4a16_checkpoint import fuse_w4a16, layout_tensors, s
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
-from sluice.worker.ops.fp8 import FP8
 
 log = logging.getLogger("sluice.worker")
 _BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names
@@ -48,9 +47,6 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
     quantization = w4a16.method if w4a16 else None if mxfp4 else checkpoint_quantization(hf_config)
     block = weight_block_size(hf_config)
     config = ModelConfig.from_hf(hf_config)
-    if w4a16 and config.moe is not None:
-        raise ValueError(f"4-bit ({w4a16.method}) checkpoints of mixtures of experts ({config.architecture}) are not "
-                         "supported: the fused MoE kernels do not read 4-bit experts")
     config = dataclasses.replace(config, quantization=quantization,
                                  activation_absmax_bound=activation_absmax_bound(hf_config),
                                  expert_weight_block=None if config.moe is None else block)
@@ -71,7 +67,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                 name = published_name(stored, prefixes)
                 module, _, suffix = name.rpartition(".")
                 if w4a16 and suffix in w4a16.tensor_names:
-                    packed.setdefault(module, {})[suffix] = file.get_tensor(stored)
+                    if layout.holds(f"{module}.weight"):
+                        packed.setdefault(module, {})[suffix] = file.get_tensor(stored)
                     continue
                 if mxfp4 and name.endswith(SCALES):
                     continue
@@ -161,7 +158,8 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: ArchitectureTraits, num_experts: int) -> None:
     """In place: the layer's experts (those the state holds, in order) stacked into mlp.experts.w13 and w2 (FP8 ones'
-    scales alike into w13_scale and w2_scale, a scale per row or per block; see models.moe.Experts), where the rank
+    scales alike into w13_scale and w2_scale, a scale per row or per block; see models.moe.Experts; 4-bit ones'
+    layout tensors into w13.qweight, .scales, .zeros and w2's, see ops.w4a16.W4A16ExpertWeights), where the rank
     holds some only the map of their local indices (mlp.expert_map), and its router named as the worker's module
     (mlp.gate)."""
     moe = f"{prefix}{traits.expert_prefix}."
@@ -169,7 +167,9 @@ def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: Architect
     held = sorted({int(name[len(moe) + len("experts."):].split(".")[0]) for name in state
                    if name.startswith(f"{moe}experts.")})
     expert = [f"{moe}experts.{e}." for e in held]
-    _check_experts_precision(state, [f"{e}{part}.weight" for e in expert for part in (gate, up, down)])
+    _check_experts_precision(state, [f"{e}{part}" for e in expert for part in (gate, up, down)])
+    if f"{expert[0]}{gate}.qweight" in state:
+        _stack_w4a16_experts(state, prefix, expert, traits.expert_projections)
     for kind, suffix in (("weight", ""), ("weight_scale", "_scale"), ("weight_block_scale", "_scale")):
         if f"{expert[0]}{gate}.{kind}" in state:
             state[f"{prefix}mlp.experts.w13{suffix}"] = _stacked(state, [[f"{e}{gate}.{kind}", f"{e}{up}.{kind}"]
@@ -180,6 +180,23 @@ def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: Architect
         expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
         expert_map[held] = torch.arange(len(held), dtype=torch.int32)
         state[f"{prefix}mlp.expert_map"] = expert_map
+
+
+def _stack_w4a16_experts(state: dict[str, torch.Tensor], prefix: str, experts: list[str],
+                         projections: tuple[str, str, str]) -> None:
+    """In place: each expert's 4-bit gate and up fused along N (as a dense gate_up_proj), then every expert's layout
+    tensors stacked: mlp.experts.w13.qweight [E, H / 8, 2I], .scales and .zeros [E, groups, 2I], and w2's
+    [E, I / 8, H] and [E, groups, H]. Act-order experts are refused: each expert scatters its groups its own way."""
+    gate, up, down = projections
+    for expert in experts:
+        if f"{expert}{gate}.perm" in state or f"{expert}{down}.perm" in state:
+            raise ValueError(f"{expert.removesuffix('.')} is quantized with act-order (desc_act / actorder), which "
+                             "4-bit experts do not support: use a checkpoint of the mixture without act-order")
+        fuse_w4a16(state, [f"{expert}{gate}", f"{expert}{up}"], f"{expert}w13")
+    for kind in ("qweight", "scales", "zeros"):
+        if f"{experts[0]}w13.{kind}" in state:
+            state[f"{prefix}mlp.experts.w13.{kind}"] = _stacked(state, [[f"{e}w13.{kind}"] for e in experts])
+            state[f"{prefix}mlp.experts.w2.{kind}"] = _stacked(state, [[f"{e}{down}.{kind}"] for e in experts])
 
 
 def _stacked(state: dict[str, torch.Tensor], names: list[list[str]]) -> torch.Tensor:
@@ -193,20 +210,24 @@ def _stacked(state: dict[str, torch.Tensor], names: list[list[str]]) -> torch.Te
     return stacked
 
 
-def _check_experts_precision(state: dict[str, torch.Tensor], names: list[str]) -> None:
-    """A layer's experts are all FP8 or all unquantized: one grouped GEMM runs them."""
-    fp8 = [name for name in names if state[name].dtype == FP8]
-    if 0 < len(fp8) < len(names):
-        other = next(name for name in names if state[name].dtype != FP8)
-        raise ValueError(f"the experts of a layer must share a precision; the checkpoint stores {fp8[0]} in FP8 and "
-                         f"{other} in {state[other].dtype}")
+def _check_experts_precision(state: dict[str, torch.Tensor], modules: list[str]) -> None:
+    """A layer's experts' projections are all FP8, all 4-bit or all unquantized: one grouped GEMM runs them."""
+    precisions = {module: _stored_precision(state, module) for module in modules}
+    if len(set(precisions.values())) > 1:
+        first = modules[0]
+        other = next(module for module in modules if precisions[module] != precisions[first])
+        raise ValueError(f"the experts of a layer must share a precision; the checkpoint stores {first} in "
+                         f"{precisions[first]} and {other} in {precisions[other]}")
+
+
+def _stored_precision(state: dict[str, torch.Tensor], module: str) -> str:
+    return "int4" if f"{module}.qweight" in state else str(state[f"{module}.weight"].dtype)
 
 
 def _check_one_precision(state: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> None:
     """The projections fused into one are all FP8, all 4-bit or all unquantized (an ignore list names all of them or
     none)."""
-    dtypes = {part: "int4" if f"{prefix}{part}.qweight" in state else state[f"{prefix}{part}.weight"].dtype
-              for part in parts}
+    dtypes = {part: _stored_precision(state, f"{prefix}{part}") for part in parts}
     if len(set(dtypes.values())) > 1:
         stored = ", ".join(f"{prefix}{part} in {dtype}" for part, dtype in dtypes.items())
         raise ValueError(f"the projections fused into one must share a precision; the checkpoint stores {stored}")

@@ -3,7 +3,9 @@ and the experts run as one fused operator (ops.route_tokens, ops.fused_experts) 
 
 In an FP8 model the experts are e4m3, with a float32 scale per row as fp8.Fp8Linear's weights, or per block as a
 block-wise checkpoint stores them, and a shared expert is a dense MLP of Fp8Linear layers. The router and a shared
-expert's gate stay in the model dtype, as vLLM keeps them (quant_config=None) and FP8 checkpoints store them."""
+expert's gate stay in the model dtype, as vLLM keeps them (quant_config=None) and FP8 checkpoints store them. In a 4-bit
+model (GPTQ, AWQ, compressed-tensors) the experts' w13 and w2 become ops.w4a16.W4A16ExpertWeights at load
+(as_w4a16_experts), a shared expert's linears W4A16Linear, and the router stays in the model dtype."""
 import dataclasses
 
 import torch

@@ -9,7 +9,7 @@ from torch import nn
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8, to_fp8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
-from sluice.worker.ops.w4a16 import W4A16Linear
+from sluice.worker.ops.w4a16 import W4A16ExpertWeights, W4A16Linear
 
 
 class TorchOps:
@@ -118,7 +118,8 @@ class TorchOps:
         """sum over k of weights[t, k] * expert(x[t]) for each token t, where expert e (experts.w13[i] and w2[i], i its
         local index: expert_map[e], or e without a map) computes down(silu(gate(x)) * up(x)); a pair whose expert maps
         to -1 (another rank holds it) adds nothing. Expert by expert, as transformers computes it; FP8 experts
-        (models/moe.py) as the FP8 GEMMs compute a linear layer's product."""
+        (models/moe.py) as the FP8 GEMMs compute a linear layer's product, 4-bit ones dequantized an expert at a
+        time."""
         local = expert_ids.long() if expert_map is None else expert_map[expert_ids.long()].long()
         return self._expert_sum(x, weights.to(x.dtype), local, experts, TorchOps.silu_and_mul)
 
@@ -137,16 +138,23 @@ class TorchOps:
         out = torch.zeros_like(x)
         for expert in torch.unique(local[local >= 0]).tolist():
             token, slot = torch.where(local == expert)
-            gate_up = self._expert_product(x[token], experts.w13[expert], _of(experts.w13_scale, expert),
-                                           _of(experts.w13_bias, expert), experts.block_shape)
-            down = self._expert_product(gated(gate_up), experts.w2[expert], _of(experts.w2_scale, expert),
-                                        _of(experts.w2_bias, expert), experts.block_shape)
+            gate_up = self._expert_product(x[token], _expert_weight(experts.w13, expert),
+                                           _of(experts.w13_scale, expert), _of(experts.w13_bias, expert),
+                                           experts.block_shape)
+            down = self._expert_product(gated(gate_up), _expert_weight(experts.w2, expert),
+                                        _of(experts.w2_scale, expert), _of(experts.w2_bias, expert),
+                                        experts.block_shape)
             out.index_add_(0, token, (down * weights[token, slot, None]).to(x.dtype))
         return out
 
     def _expert_product(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                         bias: torch.Tensor | None, block_shape: tuple[int, int] | None) -> torch.Tensor:
-        """x @ weight.T + bias for one expert's projection, an e4m3 one with its scale per row or per block."""
+        """x @ weight.T + bias for one expert's projection, an e4m3 one with its scale per row or per block, or a
+        4-bit one's W4A16Weight."""
+        if not isinstance(weight, torch.Tensor):
+            from sluice.kernels.w4a16 import w4a16_linear_ref  # imports Triton: only where a 4-bit model runs
+
+            return w4a16_linear_ref(x, weight, bias)
         if scale is None:
             return F.linear(x, weight, bias)
         if block_shape is None:
@@ -225,6 +233,11 @@ def _explicit_attention(q, k, v, mask, scale: float, softcap: float, sinks: torc
     if sinks is not None:
         probs = probs[..., :-1]
     return torch.matmul(probs, v)
+
+
+def _expert_weight(weights: torch.Tensor | W4A16ExpertWeights, expert: int):
+    """An expert's weight of a stack: a tensor, or a 4-bit stack's W4A16Weight."""
+    return weights.w4a16.expert(expert) if isinstance(weights, W4A16ExpertWeights) else weights[expert]
 
 
 def _of(stacked: torch.Tensor | None, expert: int) -> torch.Tensor | None:

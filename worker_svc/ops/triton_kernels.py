@@ -10,7 +10,7 @@ from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, QuantizedRows, emulated_fp8_linear
 from sluice.worker.ops.plain_torch import TorchOps
-from sluice.worker.ops.w4a16 import W4A16Linear
+from sluice.worker.ops.w4a16 import W4A16Linear, kernel_expert_weights
 
 
 def _is_one_row(x: torch.Tensor) -> bool:
@@ -122,7 +122,7 @@ class TritonOps(TorchOps):
         """The routed experts' weighted sum [T, H]: the pairs sorted into per-expert blocks, then the gate/up GEMM
         (SiLU-and-mul fused) and the down GEMM (routing weight fused), one launch each for all experts. FP8 experts'
         activations are quantized per token (in groups of a block's columns for block-wise ones) under the FP8 GEMM's
-        absmax bound."""
+        absmax bound; 4-bit experts are dequantized inside the GEMMs."""
         return self._experts(x, topk_weights, topk_ids, experts, expert_map)
 
     def biased_experts(self, x, topk_weights, topk_ids, experts: nn.Module, alpha: float,
@@ -133,7 +133,8 @@ class TritonOps(TorchOps):
 
     def _experts(self, x, topk_weights, topk_ids, experts: nn.Module, expert_map: torch.Tensor | None = None,
                  swiglu: tuple[float, float] | None = None) -> torch.Tensor:
-        return kernels.fused_experts(x, topk_weights, topk_ids, experts.w13, experts.w2, expert_map,
+        return kernels.fused_experts(x, topk_weights, topk_ids, kernel_expert_weights(experts.w13),
+                                     kernel_expert_weights(experts.w2), expert_map,
                                      experts.w13_scale, experts.w2_scale, experts.block_shape,
                                      self.fp8_gemm.absmax_bound, pdl=self.pdl, w13_bias=experts.w13_bias,
                                      w2_bias=experts.w2_bias, swiglu=swiglu)
