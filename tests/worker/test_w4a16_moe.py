@@ -101,12 +101,23 @@ def test_experts_shard_in_whole_groups(checkpoints):
     assert torch.equal(rank1[f"{experts}w2.qweight"], whole[f"{experts}w2.qweight"][:, 4:])
 
 
-def test_triton_operators_give_the_torch_operators_tokens(checkpoints):
-    """The fused MoE kernels over 4-bit experts (the interpreter, on the CPU), zero points on."""
-    folder = str(checkpoints["qwen3-moe", "awq"][0])
+@pytest.mark.parametrize("family, variant", [("qwen3-moe", "awq"), ("mixtral", "gptq")])
+def test_triton_operators_give_the_torch_operators_tokens(checkpoints, family, variant):
+    """The fused MoE kernels over 4-bit experts (the interpreter, on the CPU), with zero points and symmetric."""
+    folder = str(checkpoints[family, variant][0])
     expected = run_greedy(WorkerEngine.load(WorkerConfig(model=folder)), PROMPTS[:2], 3, chunk=5)
     engine = WorkerEngine.load(WorkerConfig(model=folder, kernels="triton", enforce_eager=True))
     assert run_greedy(engine, PROMPTS[:2], 3, chunk=5) == expected
+
+
+def test_a_split_that_cuts_an_experts_groups_fails_naming_it(tmp_path):
+    """Groups of 32 over an expert's 96 intermediate columns: each of 2 ranks would hold one and a half."""
+    hf_config = {**FAMILIES["qwen3-moe"], "moe_intermediate_size": 96}
+    folder, _ = write_w4a16_checkpoint(tmp_path, Variant("gptq", group=32), hf_config)
+    with pytest.raises(ValueError, match=r"rank 0 of 2 would hold inputs 0-48 of model\.layers\.0\.mlp\.experts\.0"
+                                         r"\.down_proj's 96, which cuts its 4-bit weight's groups of 32"):
+        load_checkpoint(folder, 0, 2)
+    assert load_checkpoint(folder, 0, 2, expert_parallel=True)[1]["layers.0.mlp.experts.w2.qweight"].shape[0] == 4
 
 
 def test_act_order_experts_fail_at_start(tmp_path):
