@@ -22,18 +22,10 @@ from sluice.kernels.dependent_launch import dependent_launch, wait_for_inputs
 from sluice.kernels.fused_moe import _tile_of
 from sluice.kernels.paged_kv import dot_config
 from sluice.kernels.w4a16_layout import SYMMETRIC_ZERO, W4A16Weight, dequantize
-from sluice.kernels.w4a16_tile import dequantized_tile
+from sluice.kernels.w4a16_tile import dequantized_tile, input_columns
 
 DECODE_ROWS = 8  # at most this many rows take the decode kernel
 _SYMMETRIC_ZERO = tl.constexpr(SYMMETRIC_ZERO)
-
-
-@triton.jit
-def _input_columns(perm_ptr, ks, HAS_PERM: tl.constexpr):
-    """The columns of x that the layout's rows ks multiply: perm[ks] when the rows are sorted by group."""
-    if HAS_PERM:
-        return tl.load(perm_ptr + ks)
-    return ks
 
 
 @triton.jit
@@ -66,7 +58,7 @@ def _w4a16_gemm_kernel(
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
-        x_cols = _input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
+        x_cols = input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
         a = tl.load(x_rows + x_cols[None, :], mask=row_mask[:, None], other=0.0)
         w = dequantized_tile(qweight_ptr + cols[None, :], scales_ptr + cols, zeros_ptr + cols, k, N, N, HAS_ZEROS,
                              GROUP, BLOCK_K, BLOCK_N)
@@ -104,7 +96,7 @@ def _w4a16_decode_kernel(
             zero = tl.load(zeros_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
         else:
             zero = _SYMMETRIC_ZERO
-        x_cols = _input_columns(perm_ptr, k + inputs_of_run, HAS_PERM)
+        x_cols = input_columns(perm_ptr, k + inputs_of_run, HAS_PERM)
         for m in tl.static_range(BLOCK_M):  # -- each row's product with the slice
             a = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_x + x_cols).to(tl.float32)  # rows past M: dropped
             qx = tl.sum(tl.sum(q * a[:, :, :, None], 2), 1)  # [SUBS, BLOCK_N]

@@ -1,5 +1,6 @@
-"""One K slice of a 4-bit weight (kernels.w4a16_layout's layout) dequantized in registers: the tile that the dense
-W4A16 GEMM (kernels.w4a16) and the fused MoE GEMMs over stacked 4-bit experts (kernels.fused_moe) feed to tl.dot."""
+"""One K slice of a 4-bit weight (kernels.w4a16_layout's layout) dequantized in registers, and the input columns it
+multiplies: the tiles that the dense W4A16 GEMM (kernels.w4a16) and the fused MoE GEMMs over stacked 4-bit experts
+(kernels.fused_moe) feed to tl.dot."""
 import triton
 import triton.language as tl
 
@@ -24,3 +25,11 @@ def dequantized_tile(word_cols, scale_cols, zero_cols, k, stride_words, stride_g
         q -= _SYMMETRIC_ZERO
     scale = tl.load(scale_cols + group)
     return (q.to(tl.float32) * scale.to(tl.float32)[None, :]).to(scale.dtype)  # exact, then rounded once
+
+
+@triton.jit
+def input_columns(perm_ptr, ks, HAS_PERM: tl.constexpr):
+    """The columns of x that the layout's rows ks multiply: perm[ks] when the rows are sorted by group."""
+    if HAS_PERM:
+        return tl.load(perm_ptr + ks)
+    return ks
