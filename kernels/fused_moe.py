@@ -23,6 +23,8 @@ divides the block's columns).
 the dense W4A16 layout (int32 words [K / 8, N], scales and zero points [K / group, N]) stacked. Each K slice of the
 weight is dequantized in registers (kernels.w4a16_tile, the dense GEMM's tile) into the activation dtype, as the
 reference dequantizes the expert first, and fed to the same dots; a slice never crosses a group (BLOCK_K divides it).
+With act-order (GPTQ's desc_act) an expert's rows are sorted by group, and the activations' columns are read through
+its permutation, as the dense GEMM reads them.
 The layout is the dense one rather than vLLM's [E, N, K / 2] bytes so that one conversion, one sharding and one
 dequantizing tile serve both.
 """
@@ -38,7 +40,7 @@ from sluice.kernels.fp8_quant import (FP8, quantize_row_groups_fp8, quantize_row
                                       quantize_rows_fp8_ref)
 from sluice.kernels.moe_align import ExpertBlocks, moe_align_block_size, pair_blocks
 from sluice.kernels.w4a16_layout import W4A16Stack, dequantize_stack
-from sluice.kernels.w4a16_tile import dequantized_tile
+from sluice.kernels.w4a16_tile import dequantized_tile, input_columns
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SPARSE_STEP = 4  # a step of at most experts / 4 pairs gives each pair its own block, unsorted (as vLLM does)
@@ -91,21 +93,24 @@ def _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K: 
 
 
 @triton.jit
-def _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zeros, up_offset, w_up_scales, w_up_zeros, K,
-                    stride_wk, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _expert_product(a_rows, a_perm, a_scales, row_mask, w_cols, w_scales, w_zeros, up_offset, w_up_scales, w_up_zeros,
+                    K, stride_wk, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GATED: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-                    HAS_ZEROS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] = A[rows, :K] @ W[cols, :K].T in float32 (and acc_up for the rows up_offset further
     on in W, when GATED). a_rows: [BLOCK_M, 1] row pointers (elements contiguous); w_cols: [1, BLOCK_N] pointers to
     the weight rows; padding rows load zeros. With GROUP_K (block-wise FP8), each K slice's product is multiplied by
     its group's scales: a_scales [BLOCK_M] and w_scales (w_up_scales) [BLOCK_N] point to the rows' and the columns'
     first group's, the next groups 1 and stride_sk further on. With INT4_GROUP, w_cols points to the columns' first
-    words, and w_scales (w_up_scales) and w_zeros (w_up_zeros) to their first group's scales and zero points."""
+    words, and w_scales (w_up_scales) and w_zeros (w_up_zeros) to their first group's scales and zero points; with
+    HAS_PERM, A's columns are read through the expert's permutation a_perm [K]."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
-        a = tl.load(a_rows + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
+        a_cols = input_columns(a_perm, ks, HAS_PERM)
+        a = tl.load(a_rows + a_cols[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
         w = _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K, INT4_GROUP, HAS_ZEROS,
                          BLOCK_K, BLOCK_N).to(DOT_DTYPE)
         if GROUP_K:  # the slice lies in one group (BLOCK_K divides GROUP_K)
@@ -133,14 +138,15 @@ def _row_scaled(acc, a_scales, row_mask, w_scales):
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
+    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
     num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
-    stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_be,
+    stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_pe,
+    stride_be,
     HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr,
     ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
-    GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes h[pair, n] = silu(w13[e, n] . x[token]) * (w13[e, I + n] . x[token])
     for the block's pairs (token = pair // TOP_K, e the block's expert) and BLOCK_N columns n of the intermediate.
@@ -169,10 +175,10 @@ def _moe_gate_up_kernel(
     scale_cols = expert * stride_se + (cols % intermediate // GROUP_N) * stride_sn
     up_scale_cols = expert * stride_se + ((intermediate + cols % intermediate) // GROUP_N) * stride_sn
     w_scales, w_up_scales = w_scale_ptr + scale_cols, w_scale_ptr + up_scale_cols
-    gate, up = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zero_ptr + scale_cols,
-                               intermediate * stride_wn, w_up_scales, w_zero_ptr + up_scale_cols, hidden, stride_wk,
-                               stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, True, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS,
-                               DOT_DTYPE, DOT_PRECISION)
+    gate, up = _expert_product(a_rows, perm_ptr + expert * stride_pe, a_scales, row_mask, w_cols, w_scales,
+                               w_zero_ptr + scale_cols, intermediate * stride_wn, w_up_scales,
+                               w_zero_ptr + up_scale_cols, hidden, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K,
+                               True, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS, HAS_PERM, DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         gate = _row_scaled(gate, a_scales, row_mask, w_scales)
         up = _row_scaled(up, a_scales, row_mask, w_up_scales)
@@ -198,13 +204,14 @@ def _moe_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_down_kernel(
-    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, bias_ptr, sorted_ids_ptr,
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, bias_ptr, sorted_ids_ptr,
     block_experts_ptr, num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
-    stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_be,
+    stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_pe,
+    stride_be,
     HAS_BIAS: tl.constexpr, ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_PERM: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
     block's pairs and BLOCK_N hidden columns n (plus bias[e, n] with HAS_BIAS). The product is rounded to the model
@@ -224,9 +231,9 @@ def _moe_down_kernel(
     a_scales = a_scale_ptr + pairs.to(tl.int64) * stride_as
     scale_cols = expert * stride_se + (cols % hidden // GROUP_N) * stride_sn
     w_scales, w_zeros = w_scale_ptr + scale_cols, w_zero_ptr + scale_cols
-    acc, _ = _expert_product(a_rows, a_scales, row_mask, w_cols, w_scales, w_zeros, 0, w_scales, w_zeros,
-                             intermediate, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K,
-                             INT4_GROUP, HAS_ZEROS, DOT_DTYPE, DOT_PRECISION)
+    acc, _ = _expert_product(a_rows, perm_ptr + expert * stride_pe, a_scales, row_mask, w_cols, w_scales, w_zeros, 0,
+                             w_scales, w_zeros, intermediate, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False,
+                             EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS, HAS_PERM, DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         acc = _row_scaled(acc, a_scales, row_mask, w_scales)
     if HAS_BIAS:
@@ -309,16 +316,19 @@ def _scaled_operands(name: str, a: torch.Tensor, weight: torch.Tensor, weight_sc
     """(the GEMM's A operand, its kernel's scale arguments) for a (rows of activations) and weight [E, N, K]: a as it
     is for a weight in a's dtype; for an e4m3 weight, a's rows quantized to e4m3 under absmax_bound, whole or in
     groups of block_shape's columns (off CUDA by the torch twin, the same arithmetic: the interpreter rounds FP8
-    stores wrongly). A 4-bit weight's: its scales and zero points, a group's row stride_sk further on."""
+    stores wrongly). A 4-bit weight's: its scales and zero points, a group's row stride_sk further on, and its
+    experts' act-order permutations."""
     if isinstance(weight, W4A16Stack):
         if weight.scales.dtype != a.dtype:
             raise ValueError(f"{name}'s 4-bit scales in {weight.scales.dtype} do not fit activations in {a.dtype}")
         zeros = weight.scales if weight.zeros is None else weight.zeros
-        return a, dict(a_scale_ptr=a, w_scale_ptr=weight.scales, w_zero_ptr=zeros, stride_as=0,
+        perm = dict(perm_ptr=a, stride_pe=0) if weight.perm is None else \
+            dict(perm_ptr=weight.perm, stride_pe=weight.perm.stride(0))
+        return a, dict(a_scale_ptr=a, w_scale_ptr=weight.scales, w_zero_ptr=zeros, **perm, stride_as=0,
                        stride_se=weight.scales.stride(0), stride_sn=1, stride_sk=weight.scales.stride(1),
                        ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=weight.group_size,
-                       HAS_ZEROS=weight.zeros is not None)
-    unquantized = dict(INT4_GROUP=0, HAS_ZEROS=False)
+                       HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None)
+    unquantized = dict(INT4_GROUP=0, HAS_ZEROS=False, perm_ptr=a, stride_pe=0, HAS_PERM=False)
     if weight_scale is None:
         if weight.dtype != a.dtype:
             raise ValueError(f"{name} {weight.dtype} does not fit activations in {a.dtype} (e4m3 weights take scales)")
@@ -486,7 +496,7 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     [E, ceil(H / rows), ceil(I / columns)] (I a multiple of rows); absmax_bound clips the activations' absolute
     maxima before they are quantized.
     4-bit experts: w13 and w2 W4A16Stacks of shapes [E, 2I, H] and [E, H, I], their scales in x's dtype, their
-    group size a multiple of 16 (the K slice divides it).
+    group size a multiple of 16 (the K slice divides it), act-order or not.
     """
     _check_experts(x, topk_weights, topk_ids, w13, w2, expert_map, w13_scale, w2_scale)
     num_tokens, hidden = x.shape

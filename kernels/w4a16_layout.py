@@ -63,23 +63,24 @@ class W4A16Weight:
 @dataclass(slots=True)
 class W4A16Stack:
     """A mixture's experts' weights of one projection, stacked: expert e's W4A16Weight is (qweight[e], scales[e],
-    zeros[e]), its inputs in order (act-order experts are not stacked). The grouped GEMMs read expert e's words
-    [K / 8, N] as the dense GEMM reads a weight's, at an offset of e words-per-expert."""
+    zeros[e], perm[e]). The grouped GEMMs read expert e's words [K / 8, N] as the dense GEMM reads a weight's, at an
+    offset of e words-per-expert, and with act-order its inputs through its own permutation."""
     qweight: torch.Tensor  # int32 [E, K / 8, N]
     scales: torch.Tensor  # [E, K / group, N], the activation dtype
     zeros: torch.Tensor | None  # uint8 [E, K / group, N]; None: 8 (symmetric)
+    perm: torch.Tensor | None = None  # int32 [E, K]: expert e's row j holds input perm[e, j]; None: the identity
 
     def __post_init__(self):
         if self.qweight.dim() != 3 or self.scales.dim() != 3 or self.qweight.shape[0] != self.scales.shape[0]:
             raise ValueError(f"qweight {tuple(self.qweight.shape)} and scales {tuple(self.scales.shape)} are no "
                              "[E, K / 8, N] and [E, K / group, N] stacks")
         self.expert(0)  # an expert's tensors are a W4A16Weight's
-        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros) if t is not None):
+        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros, self.perm) if t is not None):
             raise ValueError("a W4A16 stack's tensors must be contiguous")
 
     def expert(self, index: int) -> W4A16Weight:
-        return W4A16Weight(self.qweight[index], self.scales[index], None if self.zeros is None else self.zeros[index],
-                           None)
+        return W4A16Weight(self.qweight[index], self.scales[index], *(None if t is None else t[index]
+                                                                      for t in (self.zeros, self.perm)))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -93,14 +94,10 @@ class W4A16Stack:
 
 
 def stack(weights: list[W4A16Weight]) -> W4A16Stack:
-    """The experts' weights (one projection each, inputs in order, one group size) stacked."""
-    if any(weight.perm is not None for weight in weights):
-        raise ValueError("experts quantized with act-order (desc_act / actorder) are not supported: their inputs' "
-                         "groups are scattered differently in each expert")
-    zeros = [weight.zeros for weight in weights]
-    return W4A16Stack(torch.stack([weight.qweight for weight in weights]),
-                      torch.stack([weight.scales for weight in weights]),
-                      None if zeros[0] is None else torch.stack(zeros))
+    """The experts' weights (one projection each, of one group size, all with zero points or none, all with act-order
+    or none) stacked."""
+    return W4A16Stack(*(None if getattr(weights[0], kind) is None else torch.stack([getattr(w, kind) for w in weights])
+                        for kind in ("qweight", "scales", "zeros", "perm")))
 
 
 def dequantize_stack(weights: W4A16Stack) -> torch.Tensor:

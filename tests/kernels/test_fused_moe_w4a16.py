@@ -1,11 +1,12 @@
 """The fused MoE kernels over 4-bit experts (kernels.w4a16_layout.W4A16Stack, dequantized in registers inside the
 grouped GEMMs) against their reference (each expert dequantized, then fused_experts_ref): group sizes 32, 64 and 128,
-zero points on and off, odd token counts, top-2 and top-8, and a rank's share of the experts."""
+zero points on and off, act-order permutations (each expert its own), odd token counts, top-2 and top-8, and a rank's
+share of the experts."""
 import pytest
 import torch
 
 from sluice.kernels import fused_experts, fused_experts_ref, topk_softmax_ref
-from sluice.kernels.w4a16_layout import W4A16Stack, dequantize_stack, quantize, stack
+from sluice.kernels.w4a16_layout import W4A16Stack, W4A16Weight, dequantize_stack, quantize, stack
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
 
@@ -15,15 +16,22 @@ def _routing(num_tokens: int, num_experts: int, top_k: int, device):
     return topk_softmax_ref(logits, top_k, True)
 
 
-def _stacked(num_experts: int, rows: int, columns: int, group: int, zeros: bool, dtype, device) -> W4A16Stack:
-    """Random experts' weights [E, rows, columns] rounded to 4 bits, each expert on its own."""
+def _stacked(num_experts: int, rows: int, columns: int, group: int, zeros: bool, dtype, device,
+             act_order: bool = False) -> W4A16Stack:
+    """Random experts' weights [E, rows, columns] rounded to 4 bits, each expert on its own; with act_order each
+    layout row holds a random input (a weight of its own, rows still sorted by group)."""
     weights = torch.randn(num_experts, rows, columns, device=device) / columns**0.5
-    return stack([quantize(weight.to(dtype), group, sym=not zeros) for weight in weights])
+    quantized = [quantize(weight.to(dtype), group, sym=not zeros) for weight in weights]
+    if act_order:
+        quantized = [W4A16Weight(w.qweight, w.scales, w.zeros, torch.randperm(columns, device=device).int())
+                     for w in quantized]
+    return stack(quantized)
 
 
-def _experts(num_experts: int, hidden: int, intermediate: int, group: int, zeros: bool, dtype, device):
-    return (_stacked(num_experts, 2 * intermediate, hidden, group, zeros, dtype, device),
-            _stacked(num_experts, hidden, intermediate, group, zeros, dtype, device))
+def _experts(num_experts: int, hidden: int, intermediate: int, group: int, zeros: bool, dtype, device,
+             act_order: bool = False):
+    return (_stacked(num_experts, 2 * intermediate, hidden, group, zeros, dtype, device, act_order),
+            _stacked(num_experts, hidden, intermediate, group, zeros, dtype, device, act_order))
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -73,8 +81,11 @@ def test_rejects_4bit_and_unquantized_experts_together(device):
         fused_experts(torch.randn(1, 64, device=device), weights, ids, w13, dequantize_stack(w2))
 
 
-def test_act_order_experts_are_not_stacked(device):
-    weight = quantize(torch.randn(64, 64, device=device), 32, sym=True)
-    scattered = type(weight)(weight.qweight, weight.scales, None, torch.arange(64, dtype=torch.int32, device=device))
-    with pytest.raises(ValueError, match="act-order"):
-        stack([weight, scattered])
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 16, 8)])
+def test_act_order_experts_match_reference(device, group, num_tokens, num_experts, top_k):
+    w13, w2 = _experts(num_experts, 128, 128, group, True, torch.float32, device, act_order=True)
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, 128, device=device)
+    torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2), fused_experts_ref(x, weights, ids, w13, w2),
+                               **TOL[torch.float32])

@@ -1,7 +1,8 @@
 """The MoE kernels compile for the H200 on any machine at the launch configs Qwen3-30B-A3B gets (bf16, float32, and FP8
-with a scale per row or per 128 x 128 block; 4-bit in groups of 128 with zero points; bf16 with gpt-oss's biases and
-clamped SwiGLU): the grouped GEMMs' K loops software-pipelined within the 227 KiB of shared memory a block may use,
-and nothing spills registers. The interpreter that runs the other kernel tests on the CPU checks none of this."""
+with a scale per row or per 128 x 128 block; 4-bit in groups of 128 with zero points and act-order; bf16 with
+gpt-oss's biases and clamped SwiGLU): the grouped GEMMs' K loops software-pipelined within the 227 KiB of shared memory
+a block may use, and nothing spills registers. The interpreter that runs the other kernel tests on the CPU checks
+none of this."""
 import re
 
 from tests.kernels.sm90_compile import compiled_lines

@@ -3,7 +3,7 @@ experts rounded to 4 bits in groups of 128 inputs (one group a row where 128 doe
 the named method holds them (AWQ with zero points; GPTQ and compressed-tensors symmetric). Routers stay as they are."""
 import torch
 
-from sluice.worker.loading.w4a16_checkpoint import layout_tensors
+from sluice.worker.loading.w4a16_checkpoint import LAYOUT_TENSORS, layout_tensors
 from sluice.worker.ops.fp8 import QUANTIZED_EXPERTS, QUANTIZED_LINEARS
 
 GROUP_SIZE = 128
@@ -26,7 +26,7 @@ def as_dummy_w4a16(state: dict[str, torch.Tensor], method: str) -> dict[str, tor
         elif name.endswith(QUANTIZED_EXPERTS):
             experts = state.pop(name)
             stacked = stack([quantize(weight, _group(weight), sym) for weight in experts])
-            state.update({f"{name}.{kind}": getattr(stacked, kind) for kind in ("qweight", "scales", "zeros")
+            state.update({f"{name}.{kind}": getattr(stacked, kind) for kind in LAYOUT_TENSORS
                           if getattr(stacked, kind) is not None})
     return state
 

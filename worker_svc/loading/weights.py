@@ -14,7 +14,7 @@ from sluice.worker.loading.fp8_scales import per_channel_from_blocks, per_channe
 from sluice.worker.loading.mxfp4 import BLOCKS, SCALES, dequantized_projection, is_mxfp4, mxfp4_scales
 from sluice.worker.loading.named_tensors import tensors_ending_with
 from sluice.worker.loading.stacked_experts import arrange_stacked_experts
-from sluice.worker.loading.w4a16_checkpoint import fuse_w4a16, layout_tensors, shard_w4a16, w4a16_scheme
+from sluice.worker.loading.w4a16_checkpoint import LAYOUT_TENSORS, fuse_w4a16, layout_tensors, shard_w4a16, w4a16_scheme
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.registry import ArchitectureTraits, traits_for
 from sluice.worker.models.shard_layout import FUSED_PROJECTIONS, ShardLayout, gather_pieces
@@ -185,15 +185,12 @@ def stack_experts(state: dict[str, torch.Tensor], prefix: str, traits: Architect
 def _stack_w4a16_experts(state: dict[str, torch.Tensor], prefix: str, experts: list[str],
                          projections: tuple[str, str, str]) -> None:
     """In place: each expert's 4-bit gate and up fused along N (as a dense gate_up_proj), then every expert's layout
-    tensors stacked: mlp.experts.w13.qweight [E, H / 8, 2I], .scales and .zeros [E, groups, 2I], and w2's
-    [E, I / 8, H] and [E, groups, H]. Act-order experts are refused: each expert scatters its groups its own way."""
+    tensors stacked: mlp.experts.w13.qweight [E, H / 8, 2I], .scales and .zeros [E, groups, 2I] and, with act-order,
+    .perm [E, H] (each expert's own), and w2's [E, I / 8, H], [E, groups, H] and [E, I]."""
     gate, up, down = projections
     for expert in experts:
-        if f"{expert}{gate}.perm" in state or f"{expert}{down}.perm" in state:
-            raise ValueError(f"{expert.removesuffix('.')} is quantized with act-order (desc_act / actorder), which "
-                             "4-bit experts do not support: use a checkpoint of the mixture without act-order")
         fuse_w4a16(state, [f"{expert}{gate}", f"{expert}{up}"], f"{expert}w13")
-    for kind in ("qweight", "scales", "zeros"):
+    for kind in LAYOUT_TENSORS:
         if f"{experts[0]}w13.{kind}" in state:
             state[f"{prefix}mlp.experts.w13.{kind}"] = _stacked(state, [[f"{e}w13.{kind}"] for e in experts])
             state[f"{prefix}mlp.experts.w2.{kind}"] = _stacked(state, [[f"{e}{down}.{kind}"] for e in experts])

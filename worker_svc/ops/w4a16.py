@@ -5,8 +5,8 @@ A pre-quantized GPTQ, AWQ or compressed-tensors checkpoint's projections arrive 
 .perm (act-order); as_w4a16_linears swaps the model's nn.Linear for a W4A16Linear of the same tensors before the
 state is loaded. TorchOps dequantizes and multiplies (w4a16_linear_ref), TritonOps runs w4a16_linear.
 
-A mixture's experts arrive stacked (loading/weights.stack_experts) as mlp.experts.w13.qweight, .scales, .zeros and
-w2's alike; as_w4a16_experts swaps the experts' w13 and w2 for W4A16ExpertWeights. TorchOps dequantizes an expert at
+A mixture's experts arrive stacked (loading/weights.stack_experts) as mlp.experts.w13.qweight, .scales, .zeros, .perm
+and w2's alike; as_w4a16_experts swaps the experts' w13 and w2 for W4A16ExpertWeights. TorchOps dequantizes an expert at
 a time, TritonOps runs the fused MoE kernels on the stacks.
 """
 import functools
@@ -51,9 +51,9 @@ def as_w4a16_linears(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 class W4A16ExpertWeights(nn.Module):
     """One projection of a mixture's experts in 4 bits: a kernels.w4a16_layout.W4A16Stack's tensors as buffers,
-    qweight [E, K / 8, N], scales [E, groups, N] and zeros (or None)."""
+    qweight [E, K / 8, N], scales [E, groups, N], zeros (or None) and perm [E, K] (act-order, or None)."""
 
-    def __init__(self, num_experts: int, in_features: int, out_features: int, groups: int, zeros: bool,
+    def __init__(self, num_experts: int, in_features: int, out_features: int, groups: int, zeros: bool, perm: bool,
                  device: torch.device | None = None):
         super().__init__()
         self.register_buffer("qweight", torch.empty(num_experts, in_features // 8, out_features, dtype=torch.int32,
@@ -61,13 +61,15 @@ class W4A16ExpertWeights(nn.Module):
         self.register_buffer("scales", torch.empty(num_experts, groups, out_features, device=device))
         self.register_buffer("zeros", torch.empty(num_experts, groups, out_features, dtype=torch.uint8, device=device)
                              if zeros else None)
+        self.register_buffer("perm", torch.empty(num_experts, in_features, dtype=torch.int32, device=device)
+                             if perm else None)
 
     @functools.cached_property
     def w4a16(self):
         """The stack as the kernels take it (checked once, as W4A16Linear.w4a16)."""
         from sluice.kernels.w4a16_layout import W4A16Stack  # imports Triton: only where a 4-bit model runs
 
-        return W4A16Stack(self.qweight, self.scales, self.zeros)
+        return W4A16Stack(self.qweight, self.scales, self.zeros, self.perm)
 
 
 def as_w4a16_experts(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -82,7 +84,8 @@ def as_w4a16_experts(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             delattr(module, part)
             setattr(module, part, W4A16ExpertWeights(num_experts, in_features, out_features,
                                                      state[f"{name}.{part}.scales"].shape[1],
-                                                     f"{name}.{part}.zeros" in state, device))
+                                                     f"{name}.{part}.zeros" in state, f"{name}.{part}.perm" in state,
+                                                     device))
 
 
 def kernel_expert_weights(weights: torch.Tensor | W4A16ExpertWeights):
