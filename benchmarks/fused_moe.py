@@ -16,8 +16,10 @@ At decode sizes a timed replay runs the layer over ROUTINGS different routings, 
 experts and the 50-60 MB L2 does not keep them (Qwen3-30B-A3B's 8 experts of one token are 75 MB); prefill sizes read
 every expert (1.2 GB). --fp8 rows (a scale per row, as --quantization fp8 makes them) or --fp8 blocks (128 x 128
 blocks, as Qwen3-30B-A3B-FP8 publishes them) runs e4m3 experts instead (bytes read count one per weight; the check
-is against the reference on the same e4m3 weights). --sweep times launch configs per token count (--tokens picks
-some) and prints the best, for kernels.fused_moe.moe_launch_config's table. Everything also goes to OUT.json.
+is against the reference on the same e4m3 weights). --w4a16 runs 4-bit experts (kernels.w4a16_layout.W4A16Stack,
+groups of 128 with zero points, as AWQ publishes them; bytes read count the words, scales and zero points). --sweep
+times launch configs per token count (--tokens picks some) and prints the best, for
+kernels.fused_moe.moe_launch_config's table. Everything also goes to OUT.json.
 
 `TRITON_INTERPRET=1 python benchmarks/fused_moe.py OUT.json --tiny` runs a tiny shape on the CPU in Triton's
 interpreter (wall-clock times of one call, no bandwidth): a check that the script runs, not a measurement.
@@ -26,6 +28,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import sys
 import time
 
@@ -37,10 +40,12 @@ from sluice.kernels import (fused_experts, fused_experts_ref, moe_align_block_si
                             moe_launch_config, pair_blocks, topk_softmax, topk_softmax_ref)
 from sluice.kernels.fp8_quant import FP8, FP8_MAX, quantize_rows_fp8
 from sluice.kernels.fused_moe import SPARSE_STEP
+from sluice.kernels.w4a16_layout import W4A16Stack, quantize, stack
 
 DTYPE = torch.bfloat16
 BF16_TOL = dict(atol=4e-2, rtol=2e-2)
 FP8_BLOCK = (128, 128)
+W4A16_GROUP = 128  # or the largest group that divides a tiny shape's H and I
 ROUTINGS = 8  # routings a timed decode-size replay cycles through
 DECODE_MAX = 256
 
@@ -95,22 +100,25 @@ def matmul_tflops() -> float:
 
 @dataclasses.dataclass
 class Experts:
-    """The layer's stacked experts: bf16, or e4m3 with scales per row or per block (block_shape)."""
-    w13: torch.Tensor
-    w2: torch.Tensor
+    """The layer's stacked experts: bf16, e4m3 with scales per row or per block (block_shape), or 4-bit stacks."""
+    w13: torch.Tensor | W4A16Stack
+    w2: torch.Tensor | W4A16Stack
     w13_scale: torch.Tensor | None = None
     w2_scale: torch.Tensor | None = None
     block_shape: tuple[int, int] | None = None
 
     @classmethod
-    def random(cls, shape: MoeShape, device: str, fp8: str | None) -> "Experts":
+    def random(cls, shape: MoeShape, device: str, fp8: str | None, w4a16: bool = False) -> "Experts":
         w13 = torch.randn(shape.num_experts, 2 * shape.intermediate, shape.hidden, device=device) / shape.hidden**0.5
         w2 = torch.randn(shape.num_experts, shape.hidden, shape.intermediate, device=device) / shape.intermediate**0.5
+        if w4a16:
+            group = math.gcd(W4A16_GROUP, shape.hidden, shape.intermediate)
+            return cls(*(stack([quantize(w.to(DTYPE), group, sym=False) for w in weights]) for weights in (w13, w2)))
         if fp8 is None:
             return cls(w13.to(DTYPE), w2.to(DTYPE))
         block_shape = FP8_BLOCK if fp8 == "blocks" else None
-        quantize = _quantized_rows if block_shape is None else _quantized_blocks
-        (w13_q, w13_scale), (w2_q, w2_scale) = quantize(w13), quantize(w2)
+        to_fp8 = _quantized_rows if block_shape is None else _quantized_blocks
+        (w13_q, w13_scale), (w2_q, w2_scale) = to_fp8(w13), to_fp8(w2)
         return cls(w13_q, w2_q, w13_scale, w2_scale, block_shape)
 
     @property
@@ -118,8 +126,16 @@ class Experts:
         return dict(w13_scale=self.w13_scale, w2_scale=self.w2_scale, block_shape=self.block_shape)
 
     @property
-    def bytes_per_weight(self) -> int:
-        return self.w13.element_size()
+    def bytes_per_weight(self) -> float:
+        """4-bit stacks' words, scales and zero points over their weights."""
+        if not isinstance(self.w13, W4A16Stack):
+            return self.w13.element_size()
+        tensors = [t for t in (self.w13.qweight, self.w13.scales, self.w13.zeros) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors) / math.prod(self.w13.shape)
+
+    @property
+    def dot_dtype(self) -> torch.dtype:
+        return FP8 if self.w13_scale is not None else DTYPE
 
 
 def _quantized_rows(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +207,7 @@ def _breakdown_us(shape: MoeShape, step: Step, experts: Experts, device: str) ->
     """Each step of the layer alone, on the first routing, at the default launch config."""
     x, logits, (weights, ids) = step.x, step.logits[0], step.routed[0]
     config = moe_launch_config(x.shape[0], shape.top_k, shape.num_experts, shape.hidden, shape.intermediate,
-                               experts.w13.dtype, x.device)
+                               experts.dot_dtype, x.device)
     sparse = ids.numel() * SPARSE_STEP <= shape.num_experts  # fused_experts' choice: each pair its own block
     blocks = pair_blocks(ids, config["BLOCK_M"]) if sparse else \
         moe_align_block_size(ids, shape.num_experts, config["BLOCK_M"])
@@ -255,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time launch configs per token count")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on the CPU under TRITON_INTERPRET=1")
     parser.add_argument("--fp8", choices=["rows", "blocks"], help="e4m3 experts, a scale per row or per block")
+    parser.add_argument("--w4a16", action="store_true", help="4-bit experts, groups of 128 with zero points")
     parser.add_argument("--tokens", type=int, nargs="+", help="the token counts to time (default: the shape's)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -279,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.fp8 and not cuda:
         print("--fp8 needs a CUDA device with FP8 dots", file=sys.stderr)
         return 2
-    experts = Experts.random(shape, device, args.fp8)
+    experts = Experts.random(shape, device, args.fp8, args.w4a16)
     token_counts = tuple(args.tokens or shape.tokens)
     print(f"\n{shape.name}: {shape.num_experts} experts, top-{shape.top_k}, H {shape.hidden}, I {shape.intermediate}, "
-          f"{f'FP8 by {args.fp8}' if args.fp8 else 'bf16'}; layer = routing + fused_experts")
+          f"{f'FP8 by {args.fp8}' if args.fp8 else '4-bit' if args.w4a16 else 'bf16'}; layer = routing + fused_experts")
     print(f"{'tokens':>6} {'check':>5} {'us':>9} {'ref us':>9} {'experts':>7} {'GB/s':>6} {'of copy':>7} "
           f"{'TFLOP/s':>7} {'of mm':>6}   {'route':>6} {'align':>6} {'gate_up':>8} {'down':>8}  config")
     result["layer"] = []

@@ -2,11 +2,14 @@
 grouped GEMMs) against their reference (each expert dequantized, then fused_experts_ref): group sizes 32, 64 and 128,
 zero points on and off, act-order permutations (each expert its own), odd token counts, top-2 and top-8, and a rank's
 share of the experts."""
+import json
+
 import pytest
 import torch
 
 from sluice.kernels import fused_experts, fused_experts_ref, topk_softmax_ref
 from sluice.kernels.w4a16_layout import W4A16Stack, W4A16Weight, dequantize_stack, quantize, stack
+from tests.scripts import ROOT, load_script
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
 
@@ -89,3 +92,11 @@ def test_act_order_experts_match_reference(device, group, num_tokens, num_expert
     x = torch.randn(num_tokens, 128, device=device)
     torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2), fused_experts_ref(x, weights, ids, w13, w2),
                                **TOL[torch.float32])
+
+
+def test_benchmark_runs_its_tiny_shape_in_4_bits(tmp_path):
+    """benchmarks/fused_moe.py --w4a16 end to end on the CPU: its check against the reference passes."""
+    benchmark = load_script(ROOT / "benchmarks" / "fused_moe.py")
+    assert benchmark.main([str(tmp_path / "moe.json"), "--tiny", "--w4a16"]) == 0
+    rows = json.loads((tmp_path / "moe.json").read_text())["layer"]
+    assert [row["tokens"] for row in rows] == [1, 5] and all(row["ok"] for row in rows)
