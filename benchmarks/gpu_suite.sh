@@ -27,9 +27,9 @@
 #               alternating
 #   routers     the standard workload with a bf16 KV cache through one router, with an FP8 KV cache through one and
 #               through two, alternating, the load from two client processes
-#   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count in bf16 and
-#               FP8 (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 in FP8 and bf16 and the standard workload
-#               beside Qwen3-0.6B's
+#   moe         the fused MoE kernels' GPU tests, the layer against its torch reference by token count in bf16, FP8
+#               and 4 bits (benchmarks/fused_moe.py), then Qwen3-30B-A3B batch 1 in FP8, 4 bits (GPTQ) and bf16 and the
+#               standard workload beside Qwen3-0.6B's
 #   w4a16       the 4-bit decode kernel against the copy at Llama-3.1-8B's projections (benchmarks/w4a16_decode.py), then
 #               Llama-3.1-8B batch 1 in 4 bits (GPTQ) beside its floor (benchmarks/decode_floor.py), and the 400 x 1,000 /
 #               1,000 workload in 4 bits, bf16 and FP8
@@ -158,8 +158,11 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
         timeout 200 python3 benchmarks/fused_moe.py "$OUT/fused_moe_fp8_$scales.json" --fp8 $scales 2>&1 \
           | grep -v Warning | tail -14
       done
-      bench latency --model Qwen3-30B-A3B "${DUMMY[@]}" --quantization fp8 --in-process \
-        --out "$OUT/latency_Qwen3-30B-A3B_fp8_inproc.json"
+      timeout 200 python3 benchmarks/fused_moe.py "$OUT/fused_moe_w4a16.json" --w4a16 2>&1 | grep -v Warning | tail -14
+      for method in fp8 gptq; do
+        bench latency --model Qwen3-30B-A3B "${DUMMY[@]}" --quantization $method --in-process \
+          --out "$OUT/latency_Qwen3-30B-A3B_${method}_inproc.json"
+      done
       for model in Qwen3-30B-A3B Qwen3-0.6B; do
         bench latency --model $model "${DUMMY[@]}" --in-process --out "$OUT/latency_${model}_inproc.json"
         BENCH_TIMEOUT=400 bench throughput --model $model "${DUMMY[@]}" --out "$OUT/throughput_$model.json"
