@@ -2,6 +2,7 @@
 ImageInput messages on the Connect stream), and transformers' greedy tokens of the same prompts, for the tiny random
 Qwen2.5-VL of tests/router/tiny_vl_folder.py (the serving tokenizer with Qwen's vision tokens)."""
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -42,7 +43,18 @@ def processed_images() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return images
 
 
-def image_prompt(hf, text: list[int], names: list[str],
+@dataclass(frozen=True)
+class VisionTokens:
+    image: int
+    start: int
+    end: int
+
+    @classmethod
+    def of(cls, hf_config) -> "VisionTokens":
+        return cls(hf_config.image_token_id, hf_config.vision_start_token_id, hf_config.vision_end_token_id)
+
+
+def image_prompt(tokens: VisionTokens, text: list[int], names: list[str],
                  processed) -> tuple[list[int], list[multimodal_pb2.ImageInput]]:
     """The text, then each image between vision start and end tokens with its placeholders, three tokens after it;
     and the images as a router sends them."""
@@ -50,11 +62,11 @@ def image_prompt(hf, text: list[int], names: list[str],
     for name in names:
         pixel_values, grid_thw = processed[name]
         length = int(grid_thw.prod()) // 4
-        ids.append(hf.config.vision_start_token_id)
+        ids.append(tokens.start)
         images.append(multimodal_pb2.ImageInput(
             pixel_values=pixel_values.numpy().tobytes(), pixel_shape=pixel_values.shape, grid_thw=grid_thw[0].tolist(),
             offset=len(ids), length=length, hash=hashlib.sha256(pixel_values.numpy().tobytes()).digest()))
-        ids += [hf.config.image_token_id] * length + [hf.config.vision_end_token_id, *text[:3]]
+        ids += [tokens.image] * length + [tokens.end, *text[:3]]
     return ids, images
 
 
@@ -107,7 +119,7 @@ def served(services, submits: list[scheduler_pb2.Submit]) -> dict[str, dict]:
 
 def assert_eight_at_once_match_hf(services, hf, processed) -> None:
     """The PROMPT_IMAGES prompts at once give transformers' greedy tokens, and leave no KV block held."""
-    prompts = [image_prompt(hf, TEXT, names, processed) for names in PROMPT_IMAGES]
+    prompts = [image_prompt(VisionTokens.of(hf.config), TEXT, names, processed) for names in PROMPT_IMAGES]
     results = served(services, [submit(f"together-{i}", ids, images) for i, (ids, images) in enumerate(prompts)])
     assert [results[f"together-{i}"]["tokens"] for i in range(len(prompts))] == \
         [hf_image_greedy(hf, ids, names, processed) for (ids, _), names in zip(prompts, PROMPT_IMAGES)]

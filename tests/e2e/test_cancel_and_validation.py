@@ -4,7 +4,8 @@ import pytest
 from sluice.client import text_request
 from sluice.router.validation import MAX_BAD_WORDS, MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.served_images import TEXT, image_prompt, processed_images, served, submit
+from tests.e2e.served_images import TEXT, VisionTokens, image_prompt, processed_images, served, submit
+from tests.worker.tiny_qwen2_5_vl import IMAGE_TOKEN, VISION_END, VISION_START
 
 
 def test_client_cancel_frees_blocks(services):
@@ -107,7 +108,8 @@ def test_deadline_exceeded_frees_blocks(services):
 def test_an_image_for_a_model_without_a_vision_tower_is_invalid_argument_naming_it(services):
     """Sent to the scheduler as a router sends images; the default model (SmolLM2) takes none."""
     assert not services.client.model_info().HasField("vision")
-    ids, images = image_prompt(TEXT, ["small"], processed_images())
+    ids, images = image_prompt(VisionTokens(IMAGE_TOKEN, VISION_START, VISION_END), TEXT, ["small"],
+                               processed_images())
     result = served(services, [submit("image-for-text-model", ids, images)])["image-for-text-model"]
     assert result["status"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert result["message"] == "images[0]: the model takes no images (it has no vision tower)"

@@ -11,8 +11,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.served_images import (PROMPT_IMAGES, TEXT, assert_eight_at_once_match_hf, assert_no_block_held,
-                                     hf_image_greedy, image_prompt, processed_images, served, submit, tiny_checkpoint)
+from tests.e2e.served_images import (PROMPT_IMAGES, TEXT, VisionTokens, assert_eight_at_once_match_hf,
+                                     assert_no_block_held, hf_image_greedy, image_prompt, processed_images, served,
+                                     submit, tiny_checkpoint)
 from tests.e2e.services import running_services
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def test_prompts_of_0_1_and_2_images_alone_match_hf(services, model, processed):
     """A chunk reaching a small image and a tall one (16 tokens) stops before the tall one, which a later step
     encodes."""
     for index, names in enumerate(PROMPT_IMAGES):
-        ids, images = image_prompt(model[1], TEXT, names, processed)
+        ids, images = image_prompt(VisionTokens.of(model[1].config), TEXT, names, processed)
         result = served(services, [submit(f"alone-{index}", ids, images)])[f"alone-{index}"]
         assert result["tokens"] == hf_image_greedy(model[1], ids, names, processed), names
     assert _scheduler_counter(services, "sluice:encoder_deferrals") > 0
@@ -67,7 +68,7 @@ def test_eight_at_once_over_a_small_pool_match_hf(services, model, processed):
 
 def test_greedy_samples_of_an_image_prompt_match_hf(services, model, processed):
     """Three samples fork the first's prompt, images and all, under the small pool and budgets."""
-    ids, images = image_prompt(model[1], TEXT, ["tall", "wide"], processed)
+    ids, images = image_prompt(VisionTokens.of(model[1].config), TEXT, ["tall", "wide"], processed)
     result = served(services, [submit("samples", ids, images, n=3)])["samples"]
     assert result["samples"] == [hf_image_greedy(model[1], ids, ["tall", "wide"], processed)] * 3
     assert_no_block_held(services)
@@ -75,10 +76,10 @@ def test_greedy_samples_of_an_image_prompt_match_hf(services, model, processed):
 
 def test_prefix_cache_holds_an_image_and_its_text_but_not_another_image(services, model, processed):
     text = [2000 + 3 * i for i in range(20)]  # text no earlier prompt has
-    ids, images = image_prompt(model[1], text, ["wide"], processed)
+    ids, images = image_prompt(VisionTokens.of(model[1].config), text, ["wide"], processed)
     first = served(services, [submit("first", ids, images)])["first"]
     repeat = served(services, [submit("repeat", ids, images)])["repeat"]
-    other_ids, other_images = image_prompt(model[1], text, ["wide2"], processed)  # the same placeholder tokens, another image
+    other_ids, other_images = image_prompt(VisionTokens.of(model[1].config), text, ["wide2"], processed)  # the same placeholder tokens, another image
     other = served(services, [submit("other", other_ids, other_images)])["other"]
     assert first["tokens"] == repeat["tokens"] == hf_image_greedy(model[1], ids, ["wide"], processed)
     assert other["tokens"] == hf_image_greedy(model[1], other_ids, ["wide2"], processed)
@@ -95,7 +96,7 @@ def _scheduler_counter(services, name: str) -> float:
 
 
 def test_an_image_whose_pixels_do_not_match_its_grid_is_refused_naming_it(services, model, processed):
-    ids, images = image_prompt(model[1], TEXT, ["small", "tall"], processed)
+    ids, images = image_prompt(VisionTokens.of(model[1].config), TEXT, ["small", "tall"], processed)
     images[1].pixel_shape[:] = [images[1].pixel_shape[0] - 1, images[1].pixel_shape[1]]
     result = served(services, [submit("bad", ids, images)])["bad"]
     assert result["status"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
