@@ -19,7 +19,7 @@ from tests.e2e.services import running_services, stream_to_its_end, wait_for_hea
 
 pytestmark = pytest.mark.slow
 
-REPETITIONS = 10
+REPETITIONS = 6  # each of the 3 ranks killed once and stopped once (rank repetition % 3, stopped when odd)
 STEP_TIMEOUT = 2.0
 NUM_STREAMS = 2
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
