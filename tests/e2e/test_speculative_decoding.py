@@ -28,6 +28,7 @@ PARAGRAPH = ("The river rises in the northern hills, runs south through three ma
              "wide, shallow bay where herons feed at low tide.")
 QUOTING = f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH}\nRepeated: The river rises"
 LOWERCASE_WORDS = "[a-z ]+"  # the paragraph's comma, which both methods propose, is not allowed
+NEXT_WORDS = " in the northern hills"  # the paragraph's next words, which the proposals carry
 SHORT_QUOTES = [f"Say it twice: {fact}. Again: {fact.split()[0]}" for fact in (
     "red apples fall", "the sun is warm", "cats like milk", "rain makes mud", "bees make honey", "owls hunt at night")]
 
@@ -46,6 +47,21 @@ def prompts(hf_tokenizer) -> list[list[int]]:
 def expected(prompts, hf_model) -> list[list[int]]:
     """Hugging Face's greedy tokens: 24 of QUOTING, 16 of each short quote (once for every method)."""
     return [hf_greedy(hf_model, prompt, 24 if i == 0 else 16) for i, prompt in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module")
+def constrained(prompts, hf_model, hf_tokenizer) -> dict[str, list[int]]:
+    """Hugging Face's greedy tokens of QUOTING under LOWERCASE_WORDS and under NEXT_WORDS (once for every method)."""
+    return {regex: hf_constrained_greedy(hf_model, hf_tokenizer, regex, prompts[0], 24)
+            for regex in (LOWERCASE_WORDS, NEXT_WORDS)}
+
+
+@pytest.fixture(scope="module")
+def penalised(prompts, hf_model) -> list[int]:
+    """Hugging Face's greedy 24 tokens of QUOTING under a repetition penalty of 1.1 (once for every method)."""
+    with torch.inference_mode():
+        return hf_model.generate(torch.tensor([prompts[0]]), max_new_tokens=24, do_sample=False,
+                                 repetition_penalty=1.1)[0, len(prompts[0]):].tolist()
 
 
 @pytest.fixture(scope="module", params=["ngram", "self-draft"])
@@ -119,14 +135,14 @@ def test_acceptance_series_in_metrics(speculating, prompts):
     assert first_position == load.num_accepted_tokens_per_position[0] > 0
 
 
-def test_structured_output_rejects_the_proposals_its_grammar_does_not_allow(speculating, prompts, expected, hf_model,
+def test_structured_output_rejects_the_proposals_its_grammar_does_not_allow(speculating, prompts, expected, constrained,
                                                                            hf_tokenizer):
     """The paragraph goes on with a comma after "hills": ngram proposes it from the prompt, SmolLM2 drafting for
     itself predicts it, and the grammar allows none; the output is Hugging Face's greedy choice under the grammar's
     masks, token for token, with the proposals before the comma accepted."""
     comma = hf_tokenizer(",", add_special_tokens=False).input_ids[0]
     assert comma in expected[0]
-    reference = hf_constrained_greedy(hf_model, hf_tokenizer, LOWERCASE_WORDS, prompts[0], 24)
+    reference = constrained[LOWERCASE_WORDS]
     assert comma not in reference and reference[:expected[0].index(comma)] == expected[0][:expected[0].index(comma)]
     before = speculating.load()
     result = speculating.client.generate(_request(prompts[0], 24, regex=LOWERCASE_WORDS))
@@ -137,15 +153,14 @@ def test_structured_output_rejects_the_proposals_its_grammar_does_not_allow(spec
     assert after.num_free_blocks == after.num_total_blocks
 
 
-def test_a_grammar_that_accepted_proposals_complete_ends_the_output_there(speculating, prompts, hf_model,
+def test_a_grammar_that_accepted_proposals_complete_ends_the_output_there(speculating, prompts, constrained,
                                                                           hf_tokenizer):
     """The grammar admits only the paragraph's next words, which the proposals carry: the step that accepts them
     completes the grammar, and the output ends at its last word, as without speculation."""
-    words = " in the northern hills"
-    reference = hf_constrained_greedy(hf_model, hf_tokenizer, words, prompts[0], 24)
-    assert hf_tokenizer.decode(reference) == words
+    reference = constrained[NEXT_WORDS]
+    assert hf_tokenizer.decode(reference) == NEXT_WORDS
     before = speculating.load()
-    result = speculating.client.generate(_request(prompts[0], 24, regex=words, logprobs=1))
+    result = speculating.client.generate(_request(prompts[0], 24, regex=NEXT_WORDS, logprobs=1))
     assert (result.token_ids, result.finish_reason) == (reference, "stop")
     assert [entry.token_id for entry in result.logprobs] == reference
     assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 2
@@ -160,15 +175,12 @@ def test_logprobs_of_accepted_proposals_and_the_token_after_match_hf(speculating
     assert speculating.wait_until_idle().num_accepted_tokens - before.num_accepted_tokens >= 12
 
 
-def test_greedy_output_with_a_repetition_penalty_matches_hf(speculating, prompts, hf_model, request):
+def test_greedy_output_with_a_repetition_penalty_matches_hf(speculating, prompts, penalised, request):
     """ngram proposes for a penalised request, whose verification rows count the proposals before them; the draft
     method proposes nothing for it."""
-    with torch.inference_mode():
-        expected = hf_model.generate(torch.tensor([prompts[0]]), max_new_tokens=24, do_sample=False,
-                                     repetition_penalty=1.1)[0, len(prompts[0]):].tolist()
     before = speculating.load()
     result = speculating.client.generate(_request(prompts[0], 24, repetition_penalty=1.1))
-    assert list(result.token_ids) == expected
+    assert list(result.token_ids) == penalised
     after = speculating.wait_until_idle()
     if request.node.callspec.params["speculating"] == "ngram":
         assert after.num_accepted_tokens - before.num_accepted_tokens >= 3

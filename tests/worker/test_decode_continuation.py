@@ -74,6 +74,12 @@ QUOTES = [f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH
           "Say it twice: the sun is warm. Again: the", "Say it twice: bees make honey. Again: bees"]
 
 
+@pytest.fixture(scope="module")
+def quoted(hf_tokenizer, hf_model) -> dict[str, list[int]]:
+    """Each quote's Hugging Face greedy 20 tokens (once for every layout and number of steps in flight)."""
+    return {text: hf_greedy(hf_model, hf_tokenizer(text).input_ids, 20) for text in QUOTES}
+
+
 def _record_launches(worker: WorkerEngine) -> tuple[list[StepPlan], list[int]]:
     """Wraps the runner's launch: the plans launched, and for each, how many of its requests had proposals whose
     verification had not finished."""
@@ -118,7 +124,7 @@ def _speculate(model_dir, prompts: list[list[int]], max_tokens: int, enforce_eag
 
 @pytest.mark.parametrize("steps_in_flight", [1, MAX_STEPS_IN_FLIGHT], ids=["synchronous", "planned-ahead"])
 @pytest.mark.parametrize("quotes", [QUOTES[1:2], QUOTES], ids=["alone", "together"])
-def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, hf_model, quotes,
+def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokenizer, quoted, quotes,
                                                     steps_in_flight):
     """ngram's verification rows are decode rows; afterwards each request keeps the row of its last accepted token,
     so the next decode builds nothing on the host, nor does a verification of requests that the step before decoded
@@ -130,8 +136,7 @@ def test_a_decode_after_a_verification_continues_it(default_model_dir, hf_tokeni
     eager_outputs, eager_after, eager_verifications, _ = _speculate(default_model_dir, prompts, 20, True,
                                                                     steps_in_flight)
     assert outputs == eager_outputs
-    for prompt, tokens in zip(prompts, outputs):
-        assert tokens == hf_greedy(hf_model, prompt, 20)
+    assert outputs == [quoted[text] for text in quotes]
     assert after_verification and not any(after_verification)
     assert verifications and not any(verifications)
     assert eager_after and all(eager_after) and all(eager_verifications)

@@ -15,10 +15,15 @@ def prompts(hf_tokenizer):
     return [hf_tokenizer(t).input_ids for t in texts]
 
 
+@pytest.fixture(scope="module")
+def expected(hf_model, prompts) -> list[list[int]]:
+    """Hugging Face's greedy tokens of the prompts (once for every chunk size)."""
+    return [hf_greedy(hf_model, p, 24) for p in prompts]
+
+
 @pytest.mark.parametrize("chunk", [1000, 5])
-def test_batched_chunked_prefill_matches_hf(default_model_dir, hf_model, prompts, chunk):
+def test_batched_chunked_prefill_matches_hf(default_model_dir, prompts, expected, chunk):
     engine = WorkerEngine.load(WorkerConfig(model=str(default_model_dir)))
-    expected = [hf_greedy(hf_model, p, 24) for p in prompts]
     got = run_greedy(engine, prompts, 24, chunk)
     assert [g[:len(e)] for g, e in zip(got, expected)] == expected
 
