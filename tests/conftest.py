@@ -49,3 +49,12 @@ def tiny_vl_dir(default_model_dir, tmp_path_factory) -> Path:
     from tests.router.tiny_vl_folder import tiny_vl_folder
 
     return tiny_vl_folder(default_model_dir, tmp_path_factory.mktemp("tiny-qwen2_5_vl"))
+
+
+@pytest.fixture(scope="session")
+def hf_greedy_of(hf_model):
+    """hf_greedy_of(prompt_ids, max_new_tokens): hf_model's greedy tokens, each prompt generated once a session
+    (several modules check the same prompts)."""
+    from tests.e2e.hf_reference import GreedyReferences
+
+    return GreedyReferences(hf_model)

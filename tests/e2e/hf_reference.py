@@ -9,6 +9,22 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return output[0, len(prompt_ids):].tolist()
 
 
+class GreedyReferences:
+    """hf_greedy of one model, each prompt generated once: greedy's first n tokens are the same however many follow,
+    so a prompt is generated again only for more tokens than before, unless it already ended at EOS."""
+
+    def __init__(self, model):
+        self.model = model
+        self._generated: dict[tuple[int, ...], tuple[int, list[int]]] = {}  # prompt -> (max_new_tokens, tokens)
+
+    def __call__(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        asked, tokens = self._generated.get(tuple(prompt_ids), (0, []))
+        if max_new_tokens > asked and len(tokens) == asked:
+            tokens = hf_greedy(self.model, prompt_ids, max_new_tokens)
+            self._generated[tuple(prompt_ids)] = (max_new_tokens, tokens)
+        return tokens[:max_new_tokens]
+
+
 def hf_constrained_greedy(model, tokenizer, regex: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy under a regex: each step's argmax among the tokens llguidance allows next, until EOS, the grammar's
     end or max_new_tokens."""

@@ -10,7 +10,7 @@ import torch
 
 from sluice.client import chat_request, sampling_params, text_request
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_greedy
+from tests.e2e.hf_reference import assert_logprobs_match_hf
 
 PERSON_SCHEMA = {
     "type": "object",
@@ -88,13 +88,13 @@ def test_stop_string_split_across_tokens_is_caught(services, greedy_story, inclu
     assert result.usage["completion_tokens"] == boundary + 1
 
 
-def test_n_greedy_samples_are_indexed_and_all_match_hf(services, hf_model, hf_tokenizer):
+def test_n_greedy_samples_are_indexed_and_all_match_hf(services, hf_greedy_of, hf_tokenizer):
     # 38 prompt tokens: two full blocks shared by the samples, a partial third copied for each
     prompt_ids = hf_tokenizer("Write a short note to a friend about the weather today, the trip you are planning "
                               "next summer and the book you are reading now:").input_ids
     assert len(prompt_ids) % 16 not in (0, 1)
     samples = services.client.generate_samples(_tokens_request(prompt_ids, n=3, temperature=0.0, max_tokens=24))
-    expected = hf_greedy(hf_model, prompt_ids, 24)
+    expected = hf_greedy_of(prompt_ids, 24)
     assert [sample.index for sample in samples] == [0, 1, 2]
     for sample in samples:
         assert sample.token_ids == expected

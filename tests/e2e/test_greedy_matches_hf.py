@@ -3,7 +3,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
 
 MAX_NEW_TOKENS = 32
 PROMPTS = [
@@ -25,9 +24,9 @@ def _request(prompt_ids: list[int]) -> pb.GenerateRequest:
 
 
 @pytest.fixture(scope="module")
-def references(hf_model, hf_tokenizer):
+def references(hf_greedy_of, hf_tokenizer):
     prompts = [hf_tokenizer(p).input_ids for p in PROMPTS]
-    return [(ids, hf_greedy(hf_model, ids, MAX_NEW_TOKENS)) for ids in prompts]
+    return [(ids, hf_greedy_of(ids, MAX_NEW_TOKENS)) for ids in prompts]
 
 
 def _assert_same(expected: list[int], got) -> None:

@@ -7,15 +7,14 @@ import grpc
 import pytest
 
 from sluice.v1 import generation_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.e2e.hf_reference import hf_greedy
 
 MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def prompt_and_expected(hf_model, hf_tokenizer):
+def prompt_and_expected(hf_greedy_of, hf_tokenizer):
     prompt = hf_tokenizer("The three laws of motion are").input_ids
-    return prompt, hf_greedy(hf_model, prompt, MAX_TOKENS)
+    return prompt, hf_greedy_of(prompt, MAX_TOKENS)
 
 
 def _submit(request_id: str, prompt: list[int]) -> scheduler_pb2.RouterMessage:

@@ -4,7 +4,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.services import running_services
 
 MAX_NEW_TOKENS = 32
@@ -24,9 +23,9 @@ def _request(prompt_ids: list[int], **sampling) -> pb.GenerateRequest:
 
 
 @pytest.fixture(scope="module")
-def references(hf_model, hf_tokenizer):
+def references(hf_greedy_of, hf_tokenizer):
     prompts = [hf_tokenizer(p).input_ids for p in PROMPTS]
-    return [(ids, hf_greedy(hf_model, ids, MAX_NEW_TOKENS)) for ids in prompts]
+    return [(ids, hf_greedy_of(ids, MAX_NEW_TOKENS)) for ids in prompts]
 
 
 def test_preemption_keeps_greedy_outputs(default_model_dir, references):
@@ -44,10 +43,10 @@ def test_preemption_keeps_greedy_outputs(default_model_dir, references):
 
 
 @pytest.fixture(scope="module")
-def long_prompt(hf_model, hf_tokenizer):
+def long_prompt(hf_greedy_of, hf_tokenizer):
     prompt = hf_tokenizer("Each rule of chess, one by one, in the order a beginner meets them. " * 14
                           + "Summarise the rules of chess.").input_ids
-    return prompt, hf_greedy(hf_model, prompt, MAX_NEW_TOKENS)
+    return prompt, hf_greedy_of(prompt, MAX_NEW_TOKENS)
 
 
 def _assert_second_run_cached(services, long_prompt, num_cached: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_constrained_greedy, hf_greedy
+from tests.e2e.hf_reference import assert_logprobs_match_hf, hf_constrained_greedy
 from tests.e2e.services import running_services
 
 pytestmark = pytest.mark.slow
@@ -44,9 +44,9 @@ def prompts(hf_tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def expected(prompts, hf_model) -> list[list[int]]:
+def expected(prompts, hf_greedy_of) -> list[list[int]]:
     """Hugging Face's greedy tokens: 24 of QUOTING, 16 of each short quote (once for every method)."""
-    return [hf_greedy(hf_model, prompt, 24 if i == 0 else 16) for i, prompt in enumerate(prompts)]
+    return [hf_greedy_of(prompt, 24 if i == 0 else 16) for i, prompt in enumerate(prompts)]
 
 
 @pytest.fixture(scope="module")

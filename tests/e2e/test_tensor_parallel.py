@@ -30,10 +30,10 @@ TEXTS = [f"{_PREFIX}{topic}" for topic in ("Mars", "Venus", "Jupiter", "Saturn",
                                            "Earth")]
 
 
-def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_model, hf_tokenizer):
+def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_greedy_of, hf_tokenizer):
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
     with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
-        assert_matches_alone_and_together(services, partial(hf_greedy, hf_model), prompts)
+        assert_matches_alone_and_together(services, hf_greedy_of, prompts)
 
 
 @pytest.fixture(scope="module")

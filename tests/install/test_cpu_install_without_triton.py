@@ -11,7 +11,6 @@ from sluice.cli.launcher import free_port, wait_until_serving
 from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient
 from sluice.v1 import generation_pb2 as pb
-from tests.e2e.hf_reference import hf_greedy
 
 MAX_NEW_TOKENS = 12
 
@@ -27,7 +26,7 @@ def env_without_triton(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_sluice_serve_generates_on_the_cpu_without_triton(env_without_triton, default_model_dir, hf_model,
+def test_sluice_serve_generates_on_the_cpu_without_triton(env_without_triton, default_model_dir, hf_greedy_of,
                                                           hf_tokenizer):
     port = free_port()
     serve = subprocess.Popen([*sluice_command(), "serve", "--port", str(port),
@@ -38,7 +37,7 @@ def test_sluice_serve_generates_on_the_cpu_without_triton(env_without_triton, de
         request = pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt_ids),
                                      sampling=pb.SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0))
         with SluiceClient(f"127.0.0.1:{port}") as client:
-            assert client.generate(request).token_ids == hf_greedy(hf_model, prompt_ids, MAX_NEW_TOKENS)
+            assert client.generate(request).token_ids == hf_greedy_of(prompt_ids, MAX_NEW_TOKENS)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(30)

@@ -12,7 +12,6 @@ from sluice.core.step_plan import CachedRequest, NewRequest, StepPlan
 from sluice.scheduler.scheduler import MAX_STEPS_IN_FLIGHT
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from tests.e2e.hf_reference import hf_greedy
 
 TEXTS = ["The history of the Roman Empire began", "A recipe for pancakes: first,", "The three laws of motion are",
          "Python is a programming language that", "The quick brown fox"]
@@ -36,14 +35,14 @@ def _generate(model_dir, prompts: list[list[int]], enforce_eager: bool) -> tuple
     return outputs, engine.num_steps, len(built), engine.scheduler.get_load().num_preemptions
 
 
-def test_continued_decodes_match_hf_and_the_eager_engine(default_model_dir, hf_model, prompts):
+def test_continued_decodes_match_hf_and_the_eager_engine(default_model_dir, hf_greedy_of, prompts):
     outputs, num_steps, num_built, num_preemptions = _generate(default_model_dir, prompts, enforce_eager=False)
     eager_outputs, eager_steps, eager_built, _ = _generate(default_model_dir, prompts, enforce_eager=True)
     assert num_preemptions > 0
     assert [len(tokens) for tokens in outputs] == MAX_TOKENS
     assert outputs == eager_outputs
     for prompt, tokens in zip(prompts, outputs):
-        expected = hf_greedy(hf_model, prompt, len(tokens))
+        expected = hf_greedy_of(prompt, len(tokens))
         assert tokens[:len(expected)] == expected
     assert eager_built == eager_steps
     assert num_built < num_steps / 2
@@ -75,9 +74,9 @@ QUOTES = [f"Repeat the following paragraph word for word.\nParagraph: {PARAGRAPH
 
 
 @pytest.fixture(scope="module")
-def quoted(hf_tokenizer, hf_model) -> dict[str, list[int]]:
+def quoted(hf_tokenizer, hf_greedy_of) -> dict[str, list[int]]:
     """Each quote's Hugging Face greedy 20 tokens (once for every layout and number of steps in flight)."""
-    return {text: hf_greedy(hf_model, hf_tokenizer(text).input_ids, 20) for text in QUOTES}
+    return {text: hf_greedy_of(hf_tokenizer(text).input_ids, 20) for text in QUOTES}
 
 
 def _record_launches(worker: WorkerEngine) -> tuple[list[StepPlan], list[int]]:

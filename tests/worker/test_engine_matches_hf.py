@@ -5,7 +5,6 @@ import torch
 from sluice.cli.model_store import default_gguf_path
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from tests.e2e.hf_reference import hf_greedy
 from tests.worker.stepping import run_greedy
 
 
@@ -16,9 +15,9 @@ def prompts(hf_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def expected(hf_model, prompts) -> list[list[int]]:
+def expected(hf_greedy_of, prompts) -> list[list[int]]:
     """Hugging Face's greedy tokens of the prompts (once for every chunk size)."""
-    return [hf_greedy(hf_model, p, 24) for p in prompts]
+    return [hf_greedy_of(p, 24) for p in prompts]
 
 
 @pytest.mark.parametrize("chunk", [1000, 5])

@@ -5,7 +5,6 @@ from sluice.cli.offline import OfflineEngine
 from sluice.core.sampling_params import SamplingParams
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
-from tests.e2e.hf_reference import hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -15,9 +14,9 @@ def prompts(hf_tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def expected(hf_model, prompts) -> list[list[int]]:
+def expected(hf_greedy_of, prompts) -> list[list[int]]:
     """Hugging Face's greedy tokens of the prompts (once for every number of steps in flight)."""
-    return [hf_greedy(hf_model, prompt, 24) for prompt in prompts]
+    return [hf_greedy_of(prompt, 24) for prompt in prompts]
 
 
 @pytest.mark.parametrize("steps_in_flight", [1, 2, 3])
