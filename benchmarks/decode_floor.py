@@ -10,12 +10,16 @@ in / 128 out: 128 + 64). Compare with `sluice bench latency --in-process` of the
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
-import triton.testing
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
+
+sys.path.append(str(Path(__file__).parents[1]))  # benchmarks/, behind the installed packages
+from benchmarks.kernel_timings import copy_bandwidth_gbs
 
 
 def main() -> None:
@@ -36,7 +40,7 @@ def main() -> None:
         (1 if args.kv_cache_dtype == "fp8" else 2)
     del worker
     torch.cuda.empty_cache()
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = copy_bandwidth_gbs("cuda")
     result = {"model": args.model, "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
               "context": args.context, "weight_gb": weight_bytes / 1e9, "kv_gb": kv_bytes / 1e9, "copy_gbs": copy_gbs,
               "floor_ms": (weight_bytes + kv_bytes) / copy_gbs / 1e6,
@@ -56,13 +60,6 @@ def decoder_bytes(model: torch.nn.Module) -> int:
     total = sum(t.numel() * t.element_size() for t in tensors.values() if t is not embedding)
     row = embedding.shape[1] * embedding.element_size()
     return total + (embedding.numel() * embedding.element_size() if tied else row)
-
-
-def copy_bandwidth_gbs() -> float:
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=50,
-                                                     return_mode="median") / 1e6
 
 
 if __name__ == "__main__":

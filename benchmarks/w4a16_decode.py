@@ -9,6 +9,8 @@ per shape and prints the best, for w4a16_launch_config's rule. Everything also g
 import argparse
 import itertools
 import json
+import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -16,6 +18,9 @@ import triton.testing
 
 from sluice.kernels.w4a16 import w4a16_launch_config, w4a16_linear
 from sluice.kernels.w4a16_layout import quantize
+
+sys.path.append(str(Path(__file__).parents[1]))  # benchmarks/, behind the installed packages
+from benchmarks.kernel_timings import copy_bandwidth_gbs
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 GROUP = 128
@@ -26,20 +31,13 @@ def graph_us(fn) -> float:
     return 1000 * triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
 
 
-def copy_bandwidth_gbs() -> float:
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / triton.testing.do_bench(lambda: dst.copy_(src), warmup=5, rep=50,
-                                                     return_mode="median") / 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = copy_bandwidth_gbs("cuda")
     print(f"copy: {copy_gbs:,.0f} GB/s")
     results = {"copy_gbs": copy_gbs, "device": torch.cuda.get_device_name(), "rows": []}
     for name, (n, k) in SHAPES.items():
