@@ -37,7 +37,10 @@ class WorkerConfig:
     dependent_launch: bool = option(True, flag="--no-dependent-launch",
                                     help="no programmatic dependent launch: on Hopper and newer, each kernel of the "
                                          "decode path otherwise starts while the one before it finishes")
-    kernels: str = option("auto", choices=KERNELS, help="auto: Triton kernels on a GPU, plain torch on the CPU")
+    kernels: str = option("auto", choices=KERNELS,
+                          help="auto: Triton kernels on a GPU; on the CPU plain torch, its projections through "
+                               "oneDNN with weights packed at load (float32 and bfloat16, where torch has oneDNN); "
+                               "torch: plain torch, projections by F.linear")
     compile_cache: str = option("", help="a folder for the kernels that Triton and torch inductor compile (their "
                                          "TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): on a volume that outlives "
                                          "the process, a restarted worker compiles none again; empty: their own "

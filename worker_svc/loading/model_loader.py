@@ -18,6 +18,7 @@ from sluice.worker.models.registry import ARCHITECTURES, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
 from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
+from sluice.worker.ops.packed_linear import pack_linears, packs_linears
 from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.ops.w4a16 import as_w4a16_experts, as_w4a16_linears
 from sluice.worker.parallel.group import TensorParallelGroup
@@ -111,6 +112,8 @@ class ModelLoader:
                               assign=True)
         if model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
+        if self.config.kernels == "auto" and packs_linears(self.device, self.config.torch_dtype):
+            pack_linears(model)
         return model.eval()
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
