@@ -46,11 +46,15 @@ class _StepDraft:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic,
-                 attention_window: int = 0, vision: VisionInfo | None = None):
+                 attention_window: int = 0, vision: VisionInfo | None = None, pipeline_parallel_size: int = 1):
         """attention_window: tokens back from its newest that a query reads in every layer of the model (0: the
         whole context); the blocks before a request's window are freed as it advances. vision: what the model
-        expects of images (None: it takes none)."""
+        expects of images (None: it takes none). pipeline_parallel_size: the worker's stages; above 1, up to that
+        many steps are in flight, and a request is in one of them at most (its next step needs the token that the
+        last stage samples)."""
         self.config = config
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.max_steps_in_flight = max(MAX_STEPS_IN_FLIGHT, pipeline_parallel_size)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
                                           attention_window)
@@ -160,7 +164,8 @@ class Scheduler:
         # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied). Image
         # placeholders are prompt tokens; a chunk stops before an image whose encoder output the worker does not hold
         # when its encoding exceeds the step's encoder budget or the encoder cache's room (vLLM v1's encoder budget).
-        if len(self._in_flight) >= MAX_STEPS_IN_FLIGHT:
+        # Across pipeline stages, a request waits for its step's outcome before its next step.
+        if len(self._in_flight) >= self.max_steps_in_flight:
             raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens,
                            encoder_budget=self.config.max_num_encoder_input_tokens,
@@ -204,6 +209,7 @@ class Scheduler:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests[request_id]
             request.num_computed_tokens += num_tokens
+            request.last_step = plan.step_id
             proposed = num_proposed.get(request_id, 0)
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + proposed:
                 request.num_output_placeholders += 1 + proposed
@@ -342,6 +348,8 @@ class Scheduler:
         num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
                              draft.token_budget)
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
+            return
+        if self.pipeline_parallel_size > 1 and self._in_flight and request.last_step >= self._in_flight[0]:
             return
         speculation = self.speculation
         if speculation is not None and not follows and speculation.holds_back(request):

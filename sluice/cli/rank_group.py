@@ -1,5 +1,5 @@
-"""`sluice worker -tp N` without --rank: the N tensor-parallel ranks of one model replica, as N worker processes on
-this machine that live and die together. When one exits, the others are stopped (their process group is broken)
+"""`sluice worker -tp N -pp P` without --rank: the N x P ranks of one model replica (N tensor-parallel ranks in each
+of P pipeline stages), as worker processes on this machine that live and die together. When one exits, the others are stopped (their process group is broken)
 and this process exits, so whatever restarts it (`sluice serve`, a Kubernetes container) starts the group again."""
 import logging
 import signal
@@ -49,7 +49,8 @@ def run_rank_group(args, operations_flags) -> int:
                           "--listen", address, "--rank", str(rank), "--dist-init-address", init_address,
                           *worker_flags(args, device=_group_device(args.device, rank)),
                           *operations_flags(args, metrics_port_offset=rank)])
-        for rank, address in enumerate(rank_addresses(args.listen, args.tensor_parallel_size))
+        for rank, address in enumerate(rank_addresses(args.listen,
+                                                       args.tensor_parallel_size * args.pipeline_parallel_size))
     ]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
