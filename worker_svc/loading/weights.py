@@ -160,7 +160,7 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in state:
                     state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(name) for name in names])
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and "embed_tokens.weight" in state:  # a middle pipeline stage reads neither
         state["lm_head.weight"] = state["embed_tokens.weight"]
     return state
 
