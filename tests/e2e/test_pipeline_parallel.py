@@ -1,11 +1,22 @@
 """Pipeline-parallel replicas through the real services on the CPU (gloo): SmolLM2-135M (30 layers) at -pp 2 (15 + 15
 layers), -pp 3 (8 + 11 + 11, by --pp-layer-partition) and -tp 3 -pp 2 gives Hugging Face's greedy tokens (as -pp 1
 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at once, preempted by a small KV
-pool), and 8 requests at once with prefix-cache hits."""
-import pytest
+pool), and 8 requests at once with prefix-cache hits; so does a small random Qwen3 checkpoint at -tp 2 -pp 2. Losing a
+stage's rank, killed or stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
+ranks are back."""
+import signal
+import subprocess
+import threading
+from functools import partial
 
-from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together
-from tests.e2e.services import running_services
+import grpc
+import pytest
+import torch
+
+from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.served_greedy import FAMILY_PROMPTS, SMALL_POOL, assert_matches_alone_and_together, token_request
+from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
+from tests.e2e.test_rank_failures import NOT_SERVING, NUM_STREAMS, SERVING, STEP_TIMEOUT, _rank
 from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
@@ -22,3 +33,49 @@ def test_smollm2_split_into_stages_matches_hf(default_model_dir, hf_greedy_of, h
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
     with running_services(default_model_dir, SMALL_POOL, **split) as services:
         assert_matches_alone_and_together(services, hf_greedy_of, prompts)
+
+
+def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
+    """Qwen3's per-head q/k norms, 2 tensor-parallel ranks in each of 2 stages of one layer."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    with running_services(tiny_qwen3, SMALL_POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2,
+                          pipeline_parallel_size=2) as services:
+        assert_matches_alone_and_together(services, partial(hf_greedy, hf), FAMILY_PROMPTS)
+
+
+def test_a_stage_rank_killed_or_stopped_ends_the_streams_and_the_restarted_stages_serve(tiny_qwen3):
+    """At -pp 2: the last stage's rank (the driver) killed, then the first stage's stopped (the step timeout notices
+    it): every stream ends with UNAVAILABLE, the scheduler and the router go NOT_SERVING, and the restarted group
+    serves the same tokens."""
+    with running_services(tiny_qwen3, ["--step-timeout", str(STEP_TIMEOUT)], ["--dist-timeout", "10"],
+                          router_args=["--no-tokenizer"], pipeline_parallel_size=2) as services:
+        scheduler, router = services.layout.scheduler_address, services.layout.router_address
+        expected = services.client.generate(token_request([5, 6, 7])).token_ids
+        for rank, stop in ((1, False), (0, True)):
+            started, codes = threading.Semaphore(0), []
+            streams = [threading.Thread(target=stream_to_its_end, args=(
+                services.client, token_request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes))
+                for _ in range(NUM_STREAMS)]
+            for stream in streams:
+                stream.start()
+            for _ in streams:
+                assert started.acquire(timeout=60)
+
+            group = services.processes[0]
+            process = _rank(group, rank)
+            process.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
+            for stream in streams:
+                stream.join(timeout=3 * STEP_TIMEOUT + 5)
+            assert codes == [grpc.StatusCode.UNAVAILABLE] * NUM_STREAMS, f"rank {rank}"
+            wait_for_health(scheduler, "sluice.v1.Scheduler", NOT_SERVING, timeout=2)
+            wait_for_health(router, "sluice.v1.Generation", NOT_SERVING, timeout=2)
+            if stop:
+                process.send_signal(signal.SIGKILL)
+            assert group.wait(timeout=30) != 0  # the group stops its other rank and exits, to be started again
+
+            services.processes[0] = subprocess.Popen(group.args, env=services.env)
+            wait_for_health(router, "sluice.v1.Generation", SERVING, timeout=120)
+            assert services.client.generate(token_request([5, 6, 7])).token_ids == expected
+        assert services.wait_until_idle().num_free_blocks == services.load().num_total_blocks
