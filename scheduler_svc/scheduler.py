@@ -2,6 +2,7 @@
 import bisect
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,7 @@ class _StepDraft:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its ngram proposals
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # request id -> slots for the draft model's
     proposal_rows: int = 0  # how many more proposed tokens the step may carry
+    running_seats: int = 0  # how many more running requests the step may take (a pipeline stage's share of them)
     decodes_only: bool = False  # every request of the step computes one token (and its proposals), none joins
     followers: list[Request] = field(default_factory=list)  # held back by a decode-only verification
     preempted: bool = False
@@ -164,7 +166,8 @@ class Scheduler:
         # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied). Image
         # placeholders are prompt tokens; a chunk stops before an image whose encoder output the worker does not hold
         # when its encoding exceeds the step's encoder budget or the encoder cache's room (vLLM v1's encoder budget).
-        # Across pipeline stages, a request waits for its step's outcome before its next step.
+        # Across P pipeline stages, a request waits for its step's outcome before its next step, and a step takes at
+        # most 1/P of the running requests, so that the P steps in flight are alike.
         if len(self._in_flight) >= self.max_steps_in_flight:
             raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens,
@@ -332,6 +335,7 @@ class Scheduler:
     # -- planning
 
     def _schedule_running(self, draft: _StepDraft) -> None:
+        draft.running_seats = math.ceil(len(self._running) / self.pipeline_parallel_size)
         decodes, prefills = [], []
         for request in self._running:
             (prefills if request.num_tokens_to_compute > 1 else decodes).append(request)
@@ -350,6 +354,8 @@ class Scheduler:
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
             return
         if self.pipeline_parallel_size > 1 and self._in_flight and request.last_step >= self._in_flight[0]:
+            return
+        if draft.running_seats <= 0:
             return
         speculation = self.speculation
         if speculation is not None and not follows and speculation.holds_back(request):
@@ -374,6 +380,7 @@ class Scheduler:
             if victim is request:
                 return
         num_new_tokens += num_proposed
+        draft.running_seats -= 1
         self._take_images(request, images, draft)
         draft.token_budget -= num_new_tokens
         draft.num_scheduled_tokens[request.request_id] = num_new_tokens
