@@ -355,7 +355,7 @@ class Scheduler:
             return
         if self.pipeline_parallel_size > 1 and self._in_flight and request.last_step >= self._in_flight[0]:
             return
-        if draft.running_seats <= 0:
+        if draft.running_seats <= 0 and request.request_id not in draft.forked:  # a fork runs in its own step
             return
         speculation = self.speculation
         if speculation is not None and not follows and speculation.holds_back(request):

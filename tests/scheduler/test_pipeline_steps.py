@@ -60,7 +60,7 @@ def test_no_request_is_in_two_steps_in_flight_and_the_tokens_are_those_of_one_st
                                on_plan=on_plan, on_outcome=on_outcome)
         tokens = {}
         for update in updates:
-            tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+            tokens.setdefault((update.request_id, update.sample_index), []).extend(update.new_token_ids)
         return tokens
 
     in_flight: dict[int, set[str]] = {}
@@ -71,3 +71,15 @@ def test_no_request_is_in_two_steps_in_flight_and_the_tokens_are_those_of_one_st
         in_flight[plan.step_id] = set(plan.num_scheduled_tokens)
 
     assert run(2, 2, on_plan, lambda plan, outcome: in_flight.pop(plan.step_id)) == run(1, 1)
+
+
+def test_forked_samples_run_in_the_step_of_their_fork_beyond_its_share():
+    """The 3 samples forked while their parent's step is in flight: the step's share is 2 of the 4 running, but a
+    sample is sent to the worker with its block copies only in the step that forks it."""
+    scheduler = make_scheduler(num_blocks=64, block_size=4, pipeline_parallel_size=2)
+    scheduler.add_request(make_request("forked", 9, max_tokens=12, n=4, temperature=0.0))
+    updates, _ = run_ahead(scheduler, FakeWorker(block_size=4, model=cycling_model), 2)
+    tokens = {}
+    for update in updates:
+        tokens.setdefault(update.sample_index, []).extend(update.new_token_ids)
+    assert len(tokens) == 4 and all(sample == tokens[0] and len(sample) == 12 for sample in tokens.values())
