@@ -1,7 +1,8 @@
 """Pipeline-parallel replicas through the real services on the CPU (gloo): SmolLM2-135M (30 layers) at -pp 2 (15 + 15
-layers), -pp 3 (8 + 11 + 11, by --pp-layer-partition) and -tp 3 -pp 2 gives Hugging Face's greedy tokens (as -pp 1
-does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at once, preempted by a small KV
-pool), and 8 requests at once with prefix-cache hits; so does a small random Qwen3 checkpoint at -tp 2 -pp 2. Losing a
+layers, prompts prefilled in chunks), -pp 3 (8 + 11 + 11, by --pp-layer-partition) and -tp 3 -pp 2 gives Hugging
+Face's greedy tokens (as -pp 1 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at
+once, preempted by a small KV pool), and 8 requests at once with prefix-cache hits; at -pp 2 also its logprobs,
+structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2. Losing a
 stage's rank, killed or stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
 ranks are back."""
 import signal
@@ -13,19 +14,50 @@ import grpc
 import pytest
 import torch
 
+from sluice.cli.offline import OfflineEngine
+from sluice.client import sampling_params
+from sluice.core.sampling_params import SamplingParams
+from sluice.v1 import generation_pb2 as pb
+from sluice.worker.config import WorkerConfig
+from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import FAMILY_PROMPTS, SMALL_POOL, assert_matches_alone_and_together, token_request
+from tests.e2e.served_greedy import (FAMILY_PROMPTS, SMALL_POOL, assert_matches_alone_and_together,
+                                     assert_served_logprobs_match_hf, assert_structured_output_holds, token_request)
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.e2e.test_rank_failures import NOT_SERVING, NUM_STREAMS, SERVING, STEP_TIMEOUT, _rank
 from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
 
+CHUNKED = ["--max-num-batched-tokens", "40"]  # the 8 prompts of about 25 tokens prefill in chunks over steps
 SPLITS = {
-    "pp2": {"pipeline_parallel_size": 2},
     "pp3": {"pipeline_parallel_size": 3, "worker_args": ["--pp-layer-partition", "8,11,11"]},
     "tp3-pp2": {"tensor_parallel_size": 3, "pipeline_parallel_size": 2},
 }
+
+
+@pytest.fixture(scope="module")
+def smollm2_pp2(default_model_dir):
+    with running_services(default_model_dir, [*SMALL_POOL, *CHUNKED], pipeline_parallel_size=2) as services:
+        yield services
+
+
+def test_smollm2_at_pp2_matches_hf(smollm2_pp2, hf_greedy_of, hf_tokenizer):
+    assert_matches_alone_and_together(smollm2_pp2, hf_greedy_of, [hf_tokenizer(text).input_ids for text in TEXTS])
+
+
+def test_logprobs_structured_output_and_seeded_sampling_at_pp2(smollm2_pp2, default_model_dir, hf_model,
+                                                               hf_tokenizer):
+    """Logprobs of the prompt and the output are Hugging Face's; grammars hold; a seeded sampled request draws the
+    tokens it draws from one unsplit worker in process."""
+    assert_served_logprobs_match_hf(smollm2_pp2, hf_model, hf_tokenizer(TEXTS[0]).input_ids)
+    assert_structured_output_holds(smollm2_pp2, hf_model, hf_tokenizer)
+    prompt = hf_tokenizer("The old lighthouse keeper").input_ids
+    seeded = {"temperature": 1.0, "top_p": 0.95, "seed": 99, "max_tokens": 16}
+    served = smollm2_pp2.client.generate(pb.GenerateRequest(tokens=pb.TokenIds(ids=prompt),
+                                                            sampling=sampling_params(**seeded)))
+    engine = OfflineEngine(WorkerEngine.load(WorkerConfig(model=str(default_model_dir))), num_blocks=16)
+    assert served.token_ids == engine.generate([prompt], [SamplingParams(**seeded)])[0].token_ids
 
 
 @pytest.mark.parametrize("split", SPLITS.values(), ids=SPLITS.keys())
