@@ -126,6 +126,9 @@ def _add_worker(commands) -> None:
     command.add_argument("--rank", type=int,
                          help="run only this rank: tensor-parallel rank RANK %% N of pipeline stage RANK // N (the "
                               "ranks meet at --dist-init-address)")
+    command.add_argument("--pp-rank", type=int,
+                         help="run only this pipeline stage's -tp ranks (ranks PP_RANK * N .. PP_RANK * N + N - 1), "
+                              "meeting the other stages' at --dist-init-address: one host per stage")
     command.add_argument("--dist-init-address", help="HOST:PORT where rank 0 listens for the other ranks")
     add_worker_options(command)
     add_operations_options(command)
