@@ -67,14 +67,28 @@ def test_smollm2_split_into_stages_matches_hf(default_model_dir, hf_greedy_of, h
         assert_matches_alone_and_together(services, hf_greedy_of, prompts)
 
 
-def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
-    """Qwen3's per-head q/k norms, 2 tensor-parallel ranks in each of 2 stages of one layer."""
+def _qwen3_matches_hf(folder, tensor_parallel_size: int, pipeline_parallel_size: int, worker_args=()) -> None:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
-    with running_services(tiny_qwen3, SMALL_POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2,
-                          pipeline_parallel_size=2) as services:
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with running_services(folder, SMALL_POOL, worker_args, router_args=["--no-tokenizer"],
+                          tensor_parallel_size=tensor_parallel_size,
+                          pipeline_parallel_size=pipeline_parallel_size) as services:
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), FAMILY_PROMPTS)
+
+
+def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
+    """Qwen3's per-head q/k norms, 2 tensor-parallel ranks in each of 2 stages of one layer."""
+    _qwen3_matches_hf(tiny_qwen3, 2, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tensor_parallel_size, pipeline_parallel_size", [(1, 2), (2, 2)], ids=["pp2", "tp2-pp2"])
+def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size):
+    """NCCL between the stages and inside them, and the Triton kernels (float32: Hugging Face's tokens)."""
+    if torch.cuda.device_count() < tensor_parallel_size * pipeline_parallel_size:
+        pytest.skip(f"needs {tensor_parallel_size * pipeline_parallel_size} CUDA devices")
+    _qwen3_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size, ["--device", "cuda"])
 
 
 def test_a_stage_rank_killed_or_stopped_ends_the_streams_and_the_restarted_stages_serve(tiny_qwen3):

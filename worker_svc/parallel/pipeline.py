@@ -81,9 +81,13 @@ class PipelineStage:
         for rank in range(self.sampling_rank):
             dist.send(token_ids, rank, tag=_SAMPLED)
 
-    def receive_sampled(self, token_ids: torch.Tensor) -> Future:
-        """Fills token_ids with a step's sampled tokens (steps in launch order); done once they are in."""
+    def receive_sampled(self, token_ids: torch.Tensor) -> Future | None:
+        """Fills token_ids with a step's sampled tokens (steps in launch order): on the CPU, done once they are in;
+        on CUDA (None), the device stream waits for them, so whatever reads them later is queued after them."""
         work = dist.irecv(token_ids, self.sampling_rank, tag=_SAMPLED)
+        if token_ids.is_cuda:
+            work.wait()
+            return None
         return self._receiver.submit(work.wait)
 
     def _rank_of(self, stage: int) -> int:
