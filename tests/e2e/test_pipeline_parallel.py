@@ -2,7 +2,8 @@
 layers, prompts prefilled in chunks), -pp 3 (8 + 11 + 11, by --pp-layer-partition) and -tp 3 -pp 2 gives Hugging
 Face's greedy tokens (as -pp 1 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at
 once, preempted by a small KV pool), and 8 requests at once with prefix-cache hits; at -pp 2 also its logprobs,
-structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2. Losing a
+structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2, and at -pp 2 with its
+stages in worker processes of their own (--pp-rank), as on two hosts. Losing a
 stage's rank, killed or stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
 ranks are back."""
 import signal
@@ -14,14 +15,16 @@ import grpc
 import pytest
 import torch
 
+from sluice.cli.launcher import ServeLayout, free_port, start_routers, stop_services, wait_until_serving
 from sluice.cli.offline import OfflineEngine
-from sluice.client import sampling_params
+from sluice.cli.python_command import sluice_command
+from sluice.client import SluiceClient, sampling_params
 from sluice.core.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.served_greedy import (FAMILY_PROMPTS, SMALL_POOL, assert_matches_alone_and_together,
+from tests.e2e.served_greedy import (FAMILY_PROMPTS, MAX_NEW_TOKENS, SMALL_POOL, assert_matches_alone_and_together,
                                      assert_served_logprobs_match_hf, assert_structured_output_holds, token_request)
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
 from tests.e2e.test_rank_failures import NOT_SERVING, NUM_STREAMS, SERVING, STEP_TIMEOUT, _rank
@@ -80,6 +83,29 @@ def _qwen3_matches_hf(folder, tensor_parallel_size: int, pipeline_parallel_size:
 def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
     """Qwen3's per-head q/k norms, 2 tensor-parallel ranks in each of 2 stages of one layer."""
     _qwen3_matches_hf(tiny_qwen3, 2, 2)
+
+
+def test_stages_started_apart_meet_at_the_init_address_and_serve_hf_tokens(tiny_qwen3):
+    """Each stage's ranks in a worker process of its own (--pp-rank, as on hosts of their own), meeting at the first
+    one's --dist-init-address; the scheduler dials both."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    layout = ServeLayout.on_free_ports(num_ranks=2)
+    init_address = f"127.0.0.1:{free_port()}"
+    processes = [subprocess.Popen(sluice_command("worker", "--model", str(tiny_qwen3), "-pp", "2", "--pp-rank",
+                                                 str(stage), "--dist-init-address", init_address, "--listen", address))
+                 for stage, address in enumerate(layout.worker_addresses.split(","))]
+    processes.append(subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address, "--worker",
+                                                     layout.worker_addresses)))
+    processes += start_routers(layout, [["--no-tokenizer"]])
+    try:
+        wait_until_serving(layout.router_address, "sluice.v1.Generation", 300, processes)
+        with SluiceClient(layout.router_address) as client:
+            served = [client.generate(token_request(prompt)).token_ids for prompt in FAMILY_PROMPTS[:2]]
+        assert served == [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS[:2]]
+    finally:
+        stop_services(processes)
 
 
 @pytest.mark.gpu
