@@ -69,8 +69,6 @@ class WorkerConfig:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if self.world_size > 1 and not self.dist_init_address:
             raise ValueError("a worker of several ranks needs dist_init_address (HOST:PORT of rank 0)")
-        if self.pipeline_parallel_size > 1 and self.draft_model:
-            raise ValueError("draft_model (speculative decoding) does not combine with pipeline_parallel_size > 1 yet")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("load_format", "draft_load_format"):

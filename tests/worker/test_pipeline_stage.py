@@ -10,6 +10,7 @@ from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.dummy_weights import random_state_dict
 from sluice.worker.loading.model_loader import ModelLoader
+from sluice.worker.loading.weights import load_checkpoint
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.parallel.group import ReplicaGroups
 from sluice.worker.parallel.pipeline import PipelineStage, layer_partition
@@ -64,7 +65,9 @@ def test_a_family_with_a_decoder_module_of_its_own_is_refused_naming_it():
         loader.build(config, {})
 
 
-def test_a_draft_model_is_refused_naming_speculative_decoding():
-    with pytest.raises(ValueError, match=r"draft_model \(speculative decoding\) does not combine with "
-                                         "pipeline_parallel_size > 1"):
-        WorkerConfig(model="m", draft_model="d", pipeline_parallel_size=2, dist_init_address=UNUSED_ADDRESS)
+def test_a_draft_model_is_refused_naming_speculative_decoding(three_layers):
+    checkpoint = load_checkpoint(three_layers)
+    loader = ModelLoader(WorkerConfig(model=str(three_layers), pipeline_parallel_size=2,
+                                      dist_init_address=UNUSED_ADDRESS), stage=PipelineStage(0, 2, range(0), 0, 1))
+    with pytest.raises(ValueError, match=r"a draft model \(speculative decoding\) needs an unsharded worker"):
+        loader.build(*checkpoint, draft=load_checkpoint(three_layers))

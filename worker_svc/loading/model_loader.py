@@ -88,7 +88,7 @@ class ModelLoader:
         loaded = LoadedModel(model_config, local_config, ops, self._build_model(model_config, state, ops, layout,
                                                                                 stage), stage=stage)
         if draft is not None:
-            loaded.draft_config = _checked_draft_config(draft[0], model_config, self.group)
+            loaded.draft_config = _checked_draft_config(draft[0], model_config, self.group or stage)
             draft_state = with_kv_scales(draft[1], loaded.draft_config.num_layers)
             loaded.draft_model = self._build_model(loaded.draft_config, draft_state, ops)
         return loaded
@@ -174,12 +174,14 @@ def _check_quantization_flag(flag: str, stored: str | None) -> None:
                          f"--quantization auto or {stored}")
 
 
-def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:
+def _checked_draft_config(draft: ModelConfig, target: ModelConfig,
+                          group: TensorParallelGroup | PipelineStage | None) -> ModelConfig:
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({draft.vocab_size} tokens) is not the target's "
                          f"({target.vocab_size}): a draft must share the target's tokenizer")
     if group is not None:
-        raise ValueError("a draft model needs an unsharded worker (tensor-parallel size 1)")
+        raise ValueError("a draft model (speculative decoding) needs an unsharded worker (tensor- and "
+                         "pipeline-parallel size 1)")
     return draft
 
 
