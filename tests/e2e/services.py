@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.cli.launcher import ServeLayout, free_port, free_ports, start_services, stop_services, wait_until_serving
@@ -149,3 +150,9 @@ def generate_once_served(client: SluiceClient, request, timeout: float) -> list[
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
             time.sleep(0.2)
+
+
+def rank_process(group: subprocess.Popen, rank: int) -> psutil.Process:
+    """The process of `rank` among the ranks that a `sluice worker` of several started."""
+    return next(p for p in psutil.Process(group.pid).children()
+                if "--rank" in p.cmdline() and p.cmdline()[p.cmdline().index("--rank") + 1] == str(rank))

@@ -3,9 +3,8 @@ layers, prompts prefilled in chunks), -pp 3 (8 + 11 + 11, by --pp-layer-partitio
 Face's greedy tokens (as -pp 1 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at
 once, preempted by a small KV pool), and 8 requests at once with prefix-cache hits; at -pp 2 also its logprobs,
 structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2, and at -pp 2 with its
-stages in worker processes of their own (--pp-rank), as on two hosts. Losing a
-stage's rank, killed or stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its
-ranks are back."""
+stages in worker processes of their own (--pp-rank), as on two hosts. Losing a stage's rank, killed or stopped,
+mid-stream ends every stream with UNAVAILABLE and the replica serves again once its ranks are back."""
 import signal
 import subprocess
 import threading
@@ -26,8 +25,8 @@ from sluice.worker.engine import WorkerEngine
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import (FAMILY_PROMPTS, MAX_NEW_TOKENS, SMALL_POOL, assert_matches_alone_and_together,
                                      assert_served_logprobs_match_hf, assert_structured_output_holds, token_request)
-from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
-from tests.e2e.test_rank_failures import NOT_SERVING, NUM_STREAMS, SERVING, STEP_TIMEOUT, _rank
+from tests.e2e.services import rank_process, running_services, stream_to_its_end, wait_for_health
+from tests.e2e.test_rank_failures import NOT_SERVING, NUM_STREAMS, SERVING, STEP_TIMEOUT
 from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
@@ -136,7 +135,7 @@ def test_a_stage_rank_killed_or_stopped_ends_the_streams_and_the_restarted_stage
                 assert started.acquire(timeout=60)
 
             group = services.processes[0]
-            process = _rank(group, rank)
+            process = rank_process(group, rank)
             process.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
             for stream in streams:
                 stream.join(timeout=3 * STEP_TIMEOUT + 5)
