@@ -119,7 +119,7 @@ class WorkerEngine:
         return min(lengths)
 
     def _sampler(self) -> StepSampler | FollowerSampler:
-        if self.group is not None and not self.group.is_driver or self.stage is not None and not self.stage.is_last:
+        if (self.group is not None and not self.group.is_driver) or (self.stage is not None and not self.stage.is_last):
             return FollowerSampler(self.group, self.stage)
         config = self.model_config
         load_tokenizer = None
