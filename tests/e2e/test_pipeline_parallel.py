@@ -3,8 +3,8 @@ layers, prompts prefilled in chunks), -pp 3 (8 + 11 + 11, by --pp-layer-partitio
 Face's greedy tokens (as -pp 1 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at
 once, preempted by a small KV pool), and 8 requests at once with prefix-cache hits; at -pp 2 also its logprobs,
 structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2, and at -pp 2 with its
-stages in worker processes of their own (--pp-rank), as on two hosts. Losing a stage's rank, killed or stopped,
-mid-stream ends every stream with UNAVAILABLE and the replica serves again once its ranks are back."""
+stages in worker processes of their own (--pp-rank), as on two hosts, where losing a stage's rank, killed or
+stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its stages are back."""
 import signal
 import subprocess
 import threading
@@ -84,29 +84,6 @@ def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
     _qwen3_matches_hf(tiny_qwen3, 2, 2)
 
 
-def test_stages_started_apart_meet_at_the_init_address_and_serve_hf_tokens(tiny_qwen3):
-    """Each stage's ranks in a worker process of its own (--pp-rank, as on hosts of their own), meeting at the first
-    one's --dist-init-address; the scheduler dials both."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
-    layout = ServeLayout.on_free_ports(num_ranks=2)
-    init_address = f"127.0.0.1:{free_port()}"
-    processes = [subprocess.Popen(sluice_command("worker", "--model", str(tiny_qwen3), "-pp", "2", "--pp-rank",
-                                                 str(stage), "--dist-init-address", init_address, "--listen", address))
-                 for stage, address in enumerate(layout.worker_addresses.split(","))]
-    processes.append(subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address, "--worker",
-                                                     layout.worker_addresses)))
-    processes += start_routers(layout, [["--no-tokenizer"]])
-    try:
-        wait_until_serving(layout.router_address, "sluice.v1.Generation", 300, processes)
-        with SluiceClient(layout.router_address) as client:
-            served = [client.generate(token_request(prompt)).token_ids for prompt in FAMILY_PROMPTS[:2]]
-        assert served == [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS[:2]]
-    finally:
-        stop_services(processes)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("tensor_parallel_size, pipeline_parallel_size", [(1, 2), (2, 2)], ids=["pp2", "tp2-pp2"])
 def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size):
@@ -116,37 +93,58 @@ def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size
     _qwen3_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size, ["--device", "cuda"])
 
 
-def test_a_stage_rank_killed_or_stopped_ends_the_streams_and_the_restarted_stages_serve(tiny_qwen3):
-    """At -pp 2: the last stage's rank (the driver) killed, then the first stage's stopped (the step timeout notices
-    it): every stream ends with UNAVAILABLE, the scheduler and the router go NOT_SERVING, and the restarted group
-    serves the same tokens."""
-    with running_services(tiny_qwen3, ["--step-timeout", str(STEP_TIMEOUT)], ["--dist-timeout", "10"],
-                          router_args=["--no-tokenizer"], pipeline_parallel_size=2) as services:
-        scheduler, router = services.layout.scheduler_address, services.layout.router_address
-        expected = services.client.generate(token_request([5, 6, 7])).token_ids
-        for rank, stop in ((1, False), (0, True)):
+def _start_stage(folder, stage: int, address: str, init_address: str) -> subprocess.Popen:
+    """A stage's ranks on a host of their own: --pp-rank, meeting the other stage at init_address."""
+    return subprocess.Popen(sluice_command("worker", "--model", str(folder), "-pp", "2", "--pp-rank", str(stage),
+                                           "--dist-init-address", init_address, "--dist-timeout", "10",
+                                           "--listen", address))
+
+
+def test_stages_started_apart_serve_and_a_rank_killed_or_stopped_ends_the_streams_until_they_restart(tiny_qwen3):
+    """At -pp 2, each stage in a worker process of its own (as on two hosts), meeting at the first one's
+    --dist-init-address: Hugging Face's greedy tokens. Then the last stage's rank (the driver) killed, and the first
+    stage's stopped (the step timeout notices it): every stream ends with UNAVAILABLE, the scheduler and the router go
+    NOT_SERVING, and the stages, restarted together, serve the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    layout = ServeLayout.on_free_ports(num_ranks=2)
+    addresses, init_address = layout.worker_addresses.split(","), f"127.0.0.1:{free_port()}"
+    stages = [_start_stage(tiny_qwen3, stage, address, init_address) for stage, address in enumerate(addresses)]
+    others = [subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address, "--worker",
+                                              layout.worker_addresses, "--step-timeout", str(STEP_TIMEOUT))),
+              *start_routers(layout, [["--no-tokenizer"]])]
+    client = None
+    try:
+        wait_until_serving(layout.router_address, "sluice.v1.Generation", 300, stages + others)
+        client = SluiceClient(layout.router_address)
+        expected = [client.generate(token_request(prompt)).token_ids for prompt in FAMILY_PROMPTS[:2]]
+        assert expected == [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS[:2]]
+        for stage, stop in ((1, False), (0, True)):
             started, codes = threading.Semaphore(0), []
             streams = [threading.Thread(target=stream_to_its_end, args=(
-                services.client, token_request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes))
+                client, token_request([5, 6, 7], max_tokens=450, ignore_eos=True), started, codes))
                 for _ in range(NUM_STREAMS)]
             for stream in streams:
                 stream.start()
             for _ in streams:
                 assert started.acquire(timeout=60)
 
-            group = services.processes[0]
-            process = rank_process(group, rank)
-            process.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
+            rank = rank_process(stages[stage], stage)
+            rank.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
             for stream in streams:
                 stream.join(timeout=3 * STEP_TIMEOUT + 5)
-            assert codes == [grpc.StatusCode.UNAVAILABLE] * NUM_STREAMS, f"rank {rank}"
-            wait_for_health(scheduler, "sluice.v1.Scheduler", NOT_SERVING, timeout=2)
-            wait_for_health(router, "sluice.v1.Generation", NOT_SERVING, timeout=2)
+            assert codes == [grpc.StatusCode.UNAVAILABLE] * NUM_STREAMS, f"stage {stage}"
+            wait_for_health(layout.scheduler_address, "sluice.v1.Scheduler", NOT_SERVING, timeout=2)
+            wait_for_health(layout.router_address, "sluice.v1.Generation", NOT_SERVING, timeout=2)
             if stop:
-                process.send_signal(signal.SIGKILL)
-            assert group.wait(timeout=30) != 0  # the group stops its other rank and exits, to be started again
-
-            services.processes[0] = subprocess.Popen(group.args, env=services.env)
-            wait_for_health(router, "sluice.v1.Generation", SERVING, timeout=120)
-            assert services.client.generate(token_request([5, 6, 7])).token_ids == expected
-        assert services.wait_until_idle().num_free_blocks == services.load().num_total_blocks
+                rank.send_signal(signal.SIGKILL)
+            assert stages[stage].wait(timeout=30) != 0  # the stage stops its other ranks and exits
+            stop_services(stages)  # the stages meet again only all together
+            stages = [_start_stage(tiny_qwen3, s, address, init_address) for s, address in enumerate(addresses)]
+            wait_for_health(layout.router_address, "sluice.v1.Generation", SERVING, timeout=120)
+            assert [client.generate(token_request(prompt)).token_ids for prompt in FAMILY_PROMPTS[:2]] == expected
+    finally:
+        if client is not None:
+            client.close()
+        stop_services(stages + others)
