@@ -56,16 +56,17 @@ def traced_env(collector: TraceCollector) -> dict[str, str]:
 
 @contextmanager
 def running_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
-                     router_args: list[str] | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
+                     router_args: list[str] | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                     env: dict[str, str] | None = None):
     """router_args default to the model's tokenizer. At tensor_parallel_size N and pipeline_parallel_size P, the
-    worker process starts N x P ranks."""
+    worker process starts N x P ranks. env: variables the services get besides this process's."""
     num_ranks = tensor_parallel_size * pipeline_parallel_size
     layout = ServeLayout.on_free_ports(num_ranks=num_ranks)
     router_metrics, scheduler_metrics = free_ports(2)
     worker_metrics = free_ports(1, run=num_ranks)[0]  # rank r serves its metrics on this port + r
     metrics_ports = {"router": router_metrics, "scheduler": scheduler_metrics, "worker": worker_metrics}
     collector = TraceCollector()
-    env = traced_env(collector)
+    env = {**traced_env(collector), **(env or {})}
 
     def flags(service: str, *args) -> list[str]:
         return [*args, "--metrics-port", str(metrics_ports[service])]

@@ -1,18 +1,25 @@
-"""Pipeline-parallel replicas through the real services on the CPU (gloo): SmolLM2-135M (30 layers) at -pp 2 (15 + 15
+"""Pipeline-parallel replicas through the real services on the CPU (gloo). SmolLM2-135M (30 layers) at -pp 2 (15 + 15
 layers, prompts prefilled in chunks), -pp 3 (8 + 11 + 11, by --pp-layer-partition) and -tp 3 -pp 2 gives Hugging
 Face's greedy tokens (as -pp 1 does, see test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at
 once, preempted by a small KV pool), and 8 requests at once with prefix-cache hits; at -pp 2 also its logprobs,
 structured output and seeded sampling. So does a small random Qwen3 checkpoint at -tp 2 -pp 2, and at -pp 2 with its
 stages in worker processes of their own (--pp-rank), as on two hosts, where losing a stage's rank, killed or
-stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its stages are back."""
+stopped, mid-stream ends every stream with UNAVAILABLE and the replica serves again once its stages are back. Two
+stages of a stand-in step time run two steps at once."""
+import os
 import signal
 import subprocess
 import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 
 import grpc
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.cli.launcher import ServeLayout, free_port, start_routers, stop_services, wait_until_serving
 from sluice.cli.offline import OfflineEngine
@@ -31,6 +38,8 @@ from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
 
+STAGE_TIME = Path(__file__).parent / "stage_time"
+STAND_IN_STAGE_SECONDS = 0.1
 CHUNKED = ["--max-num-batched-tokens", "40"]  # the 8 prompts of about 25 tokens prefill in chunks over steps
 SPLITS = {
     "pp3": {"pipeline_parallel_size": 3, "worker_args": ["--pp-layer-partition", "8,11,11"]},
@@ -91,6 +100,30 @@ def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size
     if torch.cuda.device_count() < tensor_parallel_size * pipeline_parallel_size:
         pytest.skip(f"needs {tensor_parallel_size * pipeline_parallel_size} CUDA devices")
     _qwen3_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size, ["--device", "cuda"])
+
+
+def _driver_steps(services, rank: int) -> float:
+    """The steps rank `rank` has run, from its worker_step_seconds histogram."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{services.metrics_ports['worker'] + rank}/metrics").read()
+    return next(sample.value for family in text_string_to_metric_families(text.decode())
+                for sample in family.samples if sample.name == "sluice:worker_step_seconds_count")
+
+
+def test_two_stages_of_a_fixed_step_time_run_two_steps_at_once():
+    """A stand-in pipeline: each stage's pass takes STAND_IN_STAGE_SECONDS longer (stage_time/sitecustomize.py), which
+    outweighs the rest. One step in flight would run a step every 2 stage times; with the pipeline kept full, the
+    steps per second are at least 1.8 times that."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(STAGE_TIME), os.environ.get("PYTHONPATH")])),
+           "SLUICE_TEST_STAGE_SECONDS": str(STAND_IN_STAGE_SECONDS)}
+    with running_services("SmolLM2-tiny", (), ["--load-format", "dummy"], router_args=["--no-tokenizer"],
+                          pipeline_parallel_size=2, env=env) as services:
+        services.client.generate(token_request([1, 2, 3], max_tokens=4))
+        before, started = _driver_steps(services, 1), time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: services.client.generate(token_request([5 + i] * 10, 30, ignore_eos=True)),
+                          range(8)))
+        steps_per_second = (_driver_steps(services, 1) - before) / (time.perf_counter() - started)
+    assert steps_per_second >= 1.8 / (2 * STAND_IN_STAGE_SECONDS), f"{steps_per_second:.2f} steps a second"
 
 
 def _start_stage(folder, stage: int, address: str, init_address: str) -> subprocess.Popen:
