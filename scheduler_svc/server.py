@@ -28,8 +28,8 @@ log = logging.getLogger("sluice.scheduler")
 
 async def serve(worker_addresses: list[str], address: str, operations: Operations, num_blocks: int = 0,
                 worker_timeout: float = 600.0, **scheduler_options) -> None:
-    """worker_addresses: the replica's ranks (tensor-parallel ranks in each pipeline stage), in rank order (one for an unsharded replica).
-    num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
+    """worker_addresses: the replica's ranks (the tensor-parallel ranks of each pipeline stage), in rank order (one
+    for an unsharded replica). num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
     remaining SchedulerConfig fields. Not ready until every worker is connected, nor while one is lost (then its
     methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
     log.info("scheduler settings: %s", " ".join(as_flags({"num_blocks": num_blocks, **scheduler_options},

@@ -1,4 +1,5 @@
-"""The worker process (one rank of a replica's tensor-parallel and pipeline stages): joins its group, loads the model, serves sluice.v1.Worker."""
+"""The worker process (one rank of a replica: a tensor-parallel rank of a pipeline stage): joins its group, loads the
+model, serves sluice.v1.Worker."""
 import asyncio
 import logging
 from datetime import timedelta

@@ -56,8 +56,8 @@ def traced_env(collector: TraceCollector) -> dict[str, str]:
 
 @contextmanager
 def running_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
-                     router_args: list[str] | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                     env: dict[str, str] | None = None):
+                     router_args: list[str] | None = None, tensor_parallel_size: int = 1,
+                     pipeline_parallel_size: int = 1, env: dict[str, str] | None = None):
     """router_args default to the model's tokenizer. At tensor_parallel_size N and pipeline_parallel_size P, the
     worker process starts N x P ranks. env: variables the services get besides this process's."""
     num_ranks = tensor_parallel_size * pipeline_parallel_size

@@ -75,7 +75,8 @@ def test_serve_hands_every_option_to_its_service(left_default):
 def _reported(config_type, values: dict) -> list[str]:
     """What a service reports when values set some of config_type's options: those, and the defaults of the rest, as
     the report's words (an empty default leaves none)."""
-    return " ".join(as_flags({**{f.name: f.default for f in option_fields(config_type)}, **values}, config_type)).split()
+    flags = as_flags({**{f.name: f.default for f in option_fields(config_type)}, **values}, config_type)
+    return " ".join(flags).split()
 
 
 def _reports(serve: subprocess.Popen, expected: int, timeout: float = 120.0) -> dict[str, list[list[str]]]:
