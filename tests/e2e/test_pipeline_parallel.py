@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.cli.launcher import ServeLayout, free_port, start_routers, stop_services, wait_until_serving
 from sluice.cli.offline import OfflineEngine
 from sluice.cli.python_command import sluice_command
-from sluice.client import SluiceClient, sampling_params
+from sluice.client import SluiceClient, sampling_params, scheduler_load
 from sluice.core.sampling_params import SamplingParams
 from sluice.v1 import generation_pb2 as pb
 from sluice.worker.config import WorkerConfig
@@ -130,6 +130,7 @@ def _start_stage(folder, stage: int, address: str, init_address: str) -> subproc
     """A stage's ranks on a host of their own: --pp-rank, meeting the other stage at init_address."""
     return subprocess.Popen(sluice_command("worker", "--model", str(folder), "-pp", "2", "--pp-rank", str(stage),
                                            "--dist-init-address", init_address, "--dist-timeout", "10",
+                                           "--drain-timeout", "2",
                                            "--listen", address))
 
 
@@ -170,6 +171,8 @@ def test_stages_started_apart_serve_and_a_rank_killed_or_stopped_ends_the_stream
             assert codes == [grpc.StatusCode.UNAVAILABLE] * NUM_STREAMS, f"stage {stage}"
             wait_for_health(layout.scheduler_address, "sluice.v1.Scheduler", NOT_SERVING, timeout=2)
             wait_for_health(layout.router_address, "sluice.v1.Generation", NOT_SERVING, timeout=2)
+            load = scheduler_load(layout.scheduler_address)
+            assert (load.num_running, load.num_waiting, load.num_free_blocks) == (0, 0, load.num_total_blocks)
             if stop:
                 rank.send_signal(signal.SIGKILL)
             assert stages[stage].wait(timeout=30) != 0  # the stage stops its other ranks and exits

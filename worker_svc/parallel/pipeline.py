@@ -34,8 +34,10 @@ class PipelineStage:
     layers: range  # the model's layers this stage runs
     tensor_parallel_rank: int
     tensor_parallel_size: int
-    # waits for tokens on their way from the last stage, so a step's marker is sent once they have arrived
-    _receiver: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "sluice-sampled-tokens"))
+    # on the CPU, waits for the tokens on their way from the last stage (gloo's receives say when they are done only
+    # by blocking), so that a step's outcome is collected once they are in, while the next steps launch
+    _receiver: ThreadPoolExecutor = field(init=False, repr=False,
+                                          default_factory=lambda: ThreadPoolExecutor(1, "sluice-sampled-tokens"))
 
     @property
     def is_first(self) -> bool:
