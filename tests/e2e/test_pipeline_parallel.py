@@ -102,7 +102,7 @@ def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size
     _qwen3_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size, ["--device", "cuda"])
 
 
-def _driver_steps(services, rank: int) -> float:
+def _steps_run(services, rank: int) -> float:
     """The steps rank `rank` has run, from its worker_step_seconds histogram."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{services.metrics_ports['worker'] + rank}/metrics").read()
     return next(sample.value for family in text_string_to_metric_families(text.decode())
@@ -118,11 +118,11 @@ def test_two_stages_of_a_fixed_step_time_run_two_steps_at_once():
     with running_services("SmolLM2-tiny", (), ["--load-format", "dummy"], router_args=["--no-tokenizer"],
                           pipeline_parallel_size=2, env=env) as services:
         services.client.generate(token_request([1, 2, 3], max_tokens=4))
-        before, started = _driver_steps(services, 1), time.perf_counter()
+        before, started = _steps_run(services, 1), time.perf_counter()  # rank 1, the last stage
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: services.client.generate(token_request([5 + i] * 10, 30, ignore_eos=True)),
                           range(8)))
-        steps_per_second = (_driver_steps(services, 1) - before) / (time.perf_counter() - started)
+        steps_per_second = (_steps_run(services, 1) - before) / (time.perf_counter() - started)
     assert steps_per_second >= 1.8 / (2 * STAND_IN_STAGE_SECONDS), f"{steps_per_second:.2f} steps a second"
 
 
@@ -130,8 +130,7 @@ def _start_stage(folder, stage: int, address: str, init_address: str) -> subproc
     """A stage's ranks on a host of their own: --pp-rank, meeting the other stage at init_address."""
     return subprocess.Popen(sluice_command("worker", "--model", str(folder), "-pp", "2", "--pp-rank", str(stage),
                                            "--dist-init-address", init_address, "--dist-timeout", "10",
-                                           "--drain-timeout", "2",
-                                           "--listen", address))
+                                           "--drain-timeout", "2", "--listen", address))
 
 
 def test_stages_started_apart_serve_and_a_rank_killed_or_stopped_ends_the_streams_until_they_restart(tiny_qwen3):
