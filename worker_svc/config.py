@@ -49,8 +49,13 @@ class WorkerConfig:
     tensor_parallel_size: int = option(1, short="-tp",
                                        help="worker processes (ranks) that serve one model replica together; with "
                                             "--device cuda, rank r runs on cuda:r (cuda:K: on cuda:K+r)")
-    rank: int = 0  # this worker's tensor-parallel rank
-    dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
+    pipeline_parallel_size: int = option(1, short="-pp",
+                                         help="pipeline stages of one model replica, each a tensor-parallel group of "
+                                              "its own over a share of the layers: tp x pp ranks in all")
+    pp_layer_partition: str = option("", help="each stage's number of layers, comma-separated in stage order (they "
+                                              "sum to the model's layers); empty: as even as they divide")
+    rank: int = 0  # this worker's rank in its replica: pipeline stage rank // tp, tensor-parallel rank rank % tp
+    dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (world_size > 1)
     enable_expert_parallel: bool = option(False, help="a mixture of experts' whole experts spread over the "
                                                        "tensor-parallel ranks, instead of every expert's "
                                                        "intermediate columns")
@@ -61,10 +66,12 @@ class WorkerConfig:
     draft_load_format: str = option("auto", choices=LOAD_FORMATS, help="--load-format of the draft model")
 
     def __post_init__(self):
-        if not 0 <= self.rank < self.tensor_parallel_size:
-            raise ValueError(f"rank must be in [0, {self.tensor_parallel_size}), got {self.rank}")
-        if self.tensor_parallel_size > 1 and not self.dist_init_address:
-            raise ValueError("a tensor-parallel worker needs dist_init_address (HOST:PORT of rank 0)")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.world_size > 1 and not self.dist_init_address:
+            raise ValueError("a worker of several ranks needs dist_init_address (HOST:PORT of rank 0)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("load_format", "draft_load_format"):
@@ -80,6 +87,19 @@ class WorkerConfig:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+    @property
+    def world_size(self) -> int:
+        """The replica's ranks: tensor_parallel_size in each of pipeline_parallel_size stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        return self.rank // self.tensor_parallel_size
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -27,16 +27,15 @@ class ServeLayout:
     host: str
     router_port: int
     scheduler_port: int
-    worker_ports: list[int]  # one per tensor-parallel rank, in rank order
+    worker_ports: list[int]  # one per rank of the replica (tensor-parallel ranks of each pipeline stage), in order
     router_own_ports: list[int] = field(default_factory=list)  # one per router process where several share the port
 
     @classmethod
     def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
-                      tensor_parallel_size: int = 1, router_processes: int = 1) -> "ServeLayout":
+                      num_ranks: int = 1, router_processes: int = 1) -> "ServeLayout":
         num_own = router_processes if router_processes > 1 else 0
-        free_router_port, scheduler_port, *ports = free_ports(2 + tensor_parallel_size + num_own, host)
-        return cls(host, router_port or free_router_port, scheduler_port, ports[:tensor_parallel_size],
-                   ports[tensor_parallel_size:])
+        free_router_port, scheduler_port, *ports = free_ports(2 + num_ranks + num_own, host)
+        return cls(host, router_port or free_router_port, scheduler_port, ports[:num_ranks], ports[num_ranks:])
 
     @property
     def router_address(self) -> str:
