@@ -26,6 +26,11 @@ class PackedLinear(nn.Module):
         """The weight unpacked, [out_features, in_features] (a copy)."""
         return self.packed_weight.to_dense()
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """The state dict names the weight as nn.Linear's does, unpacked."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]
         rows = x.reshape(-1, self.in_features).contiguous()
