@@ -2,7 +2,8 @@
 log-likelihood of a fixed text (`--text`, by default tests/worker/scored_passage.txt: 453 tokens of prose and code),
 the cosine similarity and KL divergence of its logits, and each decoder layer's output (the residual stream after it)
 over the text: its cosine similarity and relative error, printed as JSON.
---what weights compares --quantization fp8 with auto; kv-cache --kv-cache-dtype fp8 with auto; gptq, awq and
+--what weights compares --quantization fp8 with auto; kv-cache --kv-cache-dtype fp8 with auto; bfloat16 the model
+in bfloat16 (weights and activations, as --dtype bfloat16 serves it) with --dtype; gptq, awq and
 compressed-tensors write the model's checkpoint in 4 bits (round to nearest in groups of --group-size inputs: GPTQ
 and compressed-tensors symmetric, AWQ with zero points) and load it as published, and also hold it to the same
 checkpoint dequantized in float32 ("dequantized": the largest difference of the text's logits, and greedy agreement).
@@ -34,7 +35,7 @@ W4A16_METHODS = ("gptq", "awq", "compressed-tensors")
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--what", choices=["weights", "kv-cache", *W4A16_METHODS], default="weights")
+    parser.add_argument("--what", choices=["weights", "kv-cache", "bfloat16", *W4A16_METHODS], default="weights")
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--dtype", default="float32")
@@ -52,6 +53,8 @@ def main() -> None:
         if args.what in W4A16_METHODS:
             quantized, dequantized = _four_bit_engines(model, args.what, args.group_size, Path(folder), options)
             result["dequantized"] = _agreement(dequantized, quantized, prompts, ids, args.tokens)
+        elif args.what == "bfloat16":
+            quantized = WorkerEngine.load(WorkerConfig(model=model, **(options | {"dtype": "bfloat16"})))
         else:
             option = "quantization" if args.what == "weights" else "kv_cache_dtype"
             quantized = WorkerEngine.load(WorkerConfig(model=model, **options, **{option: "fp8"}))

@@ -32,6 +32,7 @@ def add_bench_commands(commands) -> None:
     _add_engine_options(latency)
     _add_workload_options(latency, num_requests=3, input_len=(128, 128), output_len=(128, 128))
     latency.add_argument("--in-process", action="store_true")
+    latency.add_argument("--baseline", choices=["hf"], help="also time Hugging Face transformers' generate at batch 1")
     latency.set_defaults(run=_latency)
 
     serve = bench.add_parser("serve", help="Poisson arrivals or fixed concurrency against a running router")
@@ -182,20 +183,27 @@ def _in_process(args, requests: list[BenchRequest]) -> dict:
             "total_tokens_per_s": (output_tokens + prompt_tokens) / duration}
 
 
-def _hf(args, requests: list[BenchRequest]):
-    """Hugging Face's static batches, then its continuous batching, each result as it is measured."""
+def _hf_model(args):
+    """The model in Hugging Face transformers, of the same weights and dtype, on the same device."""
     import gc
 
     import torch
 
-    from sluice.cli.bench.hf_baseline import continuous_generate, load_hf_model, static_generate
+    from sluice.cli.bench.hf_baseline import load_hf_model
     from sluice.worker.config import WorkerConfig
 
     gc.collect()  # the Sluice engine measured before gives its device memory back
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    model = load_hf_model(str(args.model), args.load_format, WorkerConfig(model="", dtype=args.dtype).torch_dtype,
-                          args.device)
+    return load_hf_model(str(args.model), args.load_format, WorkerConfig(model="", dtype=args.dtype).torch_dtype,
+                         args.device)
+
+
+def _hf(args, requests: list[BenchRequest]):
+    """Hugging Face's static batches, then its continuous batching, each result as it is measured."""
+    from sluice.cli.bench.hf_baseline import continuous_generate, static_generate
+
+    model = _hf_model(args)
     yield static_generate(model, requests, args.hf_batch_size)
     yield continuous_generate(model, requests)
 
@@ -240,7 +248,14 @@ def _latency(args) -> None:
                    "ttft_ms": result["ttft_ms"]["p50"], "duration_s": result["duration_s"],
                    "busy_cores": result["busy_cores"]}
     print(f"{summary['name']}: {summary['ms_per_token']:.3f} ms per output token (batch 1)")
-    _write(args.out, {"workload": _vars_of(args), "results": [summary]})
+    results = [summary]
+    if args.baseline == "hf":
+        from sluice.cli.bench.hf_baseline import batch_one_generate
+
+        results.append(batch_one_generate(_hf_model(args), requests))
+        print(f"{results[1]['name']}: {results[1]['ms_per_token']:.3f} ms per output token (batch 1)   "
+              f"sluice x{results[1]['ms_per_token'] / summary['ms_per_token']:.2f}")
+    _write(args.out, {"workload": _vars_of(args), "results": results})
 
 
 def _serve(args) -> None:

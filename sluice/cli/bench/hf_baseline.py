@@ -46,6 +46,26 @@ def static_generate(model, requests: list[BenchRequest], batch_size: int) -> dic
     return _summary("hf generate (static batches)", generated, requests, time.perf_counter() - started)
 
 
+@torch.inference_mode()
+def batch_one_generate(model, requests: list[BenchRequest]) -> dict:
+    """`generate` of one request at a time: the median time per output token after the first (a whole generation
+    less one of a single token), as `sluice bench latency --in-process` times Sluice."""
+    device = next(model.parameters()).device
+    per_token = []
+    for request in [requests[0], *requests]:  # the first generation warms up
+        ids = torch.tensor([request.prompt_token_ids], device=device)
+        times = []
+        for new_tokens in (1, request.max_tokens):
+            started = time.perf_counter()
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+        per_token.append((times[1] - times[0]) / (request.max_tokens - 1) * 1000)
+    return {"name": "hf generate (batch 1)", "ms_per_token": statistics.median(per_token[1:])}
+
+
 def continuous_generate(model, requests: list[BenchRequest]) -> dict:
     """transformers' own continuous batching, `generate_batch` (not under inference mode: its generation thread
     updates tensors in place that it creates in the calling thread)."""
