@@ -1,0 +1,122 @@
+"""Prefill/decode disaggregation through the real services on the CPU, KV blocks moved by real NIXL between worker
+processes: greedy tokens through a prefill and a decode replica are Hugging Face's and a single replica's, alone and
+8 at once with prefix-cache hits on both sides, at -tp 1 and with both replicas at -tp 2; a client that leaves in
+either leg frees both sides' blocks; a lease no decode replica claims expires; a decode leg whose prefill replica
+died fails with UNAVAILABLE in bounded time. Every test ends with both sides' blocks free."""
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import grpc
+import pytest
+import torch
+
+from sluice.v1 import scheduler_pb2
+from tests.e2e.hf_reference import hf_greedy
+from tests.e2e.pd_services import SchedulerStream, running_pd_services
+from tests.e2e.served_greedy import FAMILY_PROMPTS, MAX_NEW_TOKENS, token_request
+from tests.e2e.test_tensor_parallel import TEXTS, tiny_qwen3  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow
+
+POOL = ["--num-blocks", "160", "--block-size", "16"]
+LEASE_SECONDS, PULL_SECONDS = 2.0, 3.0
+TIMEOUTS = ["--kv-lease-timeout", str(LEASE_SECONDS), "--kv-pull-timeout", str(PULL_SECONDS)]
+PREFILL_LEG = scheduler_pb2.KvTransferParams(do_remote_decode=True)
+
+
+@pytest.fixture(scope="module")
+def pd(default_model_dir):
+    with running_pd_services(default_model_dir, [*POOL, *TIMEOUTS]) as services:
+        yield services
+
+
+def test_greedy_tokens_are_hfs_and_a_single_replicas_alone_and_together(pd, default_model_dir, hf_greedy_of,
+                                                                        hf_tokenizer):
+    prompts = [hf_tokenizer(text).input_ids for text in TEXTS]  # a shared prefix of 2 blocks, then each its own
+    expected = [hf_greedy_of(prompt, MAX_NEW_TOKENS) for prompt in prompts]
+    assert pd.client.generate(token_request(prompts[0])).token_ids == expected[0]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda prompt: pd.client.generate(token_request(prompt)).token_ids, prompts))
+    assert together == expected
+    with pd.single_replica_router(default_model_dir) as single:
+        assert [single.generate(token_request(prompt)).token_ids for prompt in prompts[:2]] == expected[:2]
+    pd.wait_until_settled()
+    assert pd.load("prefill").prefix_cache_hit_rate > 0 and pd.load("decode").prefix_cache_hit_rate > 0
+    assert pd.metric("decode", "sluice:kv_transfer_bytes_total") > 0
+    assert pd.metric("decode", "sluice:kv_transfer_seconds_count") >= 1
+    assert pd.metric("decode", "sluice:kv_transfer_failures_total") == 0
+    assert pd.metric("prefill", "sluice:kv_leases") == 0
+
+
+def test_a_client_that_leaves_in_either_leg_frees_both_sides(pd, hf_tokenizer):
+    long_prompt = hf_tokenizer(" ".join(["river"] * 1500)).input_ids
+    stream = pd.client.stream(token_request(long_prompt, max_tokens=64))
+    _wait_for(lambda: pd.load("prefill").num_running == 1)
+    stream.cancel()  # in the prefill leg
+    pd.wait_until_settled()
+    stream = pd.client.stream(token_request(long_prompt[:40], max_tokens=400, ignore_eos=True))
+    next(stream)
+    assert pd.load("decode").num_running == 1
+    stream.cancel()  # in the decode leg
+    pd.wait_until_settled()
+    assert pd.metric("prefill", "sluice:kv_leases_expired_total") == 0
+
+
+def test_a_lease_no_decode_replica_claims_expires(pd):
+    leg = SchedulerStream(pd.addresses["prefill"])
+    try:
+        leg.submit("unclaimed", list(range(100, 150)), 8, PREFILL_LEG)
+        finished = leg.ending("unclaimed")
+        assert len(finished.kv_transfer.remote_block_ids) == 3 and finished.kv_transfer.do_remote_prefill
+        load = pd.load("prefill")
+        assert load.num_total_blocks - load.num_free_blocks == 3
+        assert pd.metric("prefill", "sluice:kv_leases") == 1
+        pd.wait_until_settled(timeout=LEASE_SECONDS + 2)
+        assert pd.metric("prefill", "sluice:kv_leases_expired_total") == 1
+    finally:
+        leg.close()
+
+
+def test_both_replicas_at_tp2_give_hfs_tokens(tiny_qwen3):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    with running_pd_services(tiny_qwen3, POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
+        expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS]
+        with ThreadPoolExecutor(len(FAMILY_PROMPTS)) as pool:
+            results = list(pool.map(lambda prompt: services.client.generate(token_request(prompt)).token_ids,
+                                    FAMILY_PROMPTS))
+        assert results == expected
+        services.wait_until_settled()
+        assert services.metric("decode", "sluice:kv_transfer_bytes_total") > 0
+
+
+def test_a_decode_leg_whose_prefill_replica_died_fails_with_unavailable(tiny_qwen3):  # noqa: F811
+    with running_pd_services(tiny_qwen3, [*POOL, *TIMEOUTS], router_args=["--no-tokenizer"]) as services:
+        prefill, decode = SchedulerStream(services.addresses["prefill"]), SchedulerStream(services.addresses["decode"])
+        try:
+            prompt = list(range(1, 60))
+            prefill.submit("leg", prompt, 8, PREFILL_LEG)
+            kv_transfer = prefill.ending("leg").kv_transfer
+            services.prefill_worker.send_signal(signal.SIGKILL)
+            services.prefill_worker.wait()
+            started = time.monotonic()
+            decode.submit("leg", prompt, 8, kv_transfer)
+            rejection = decode.ending("leg")
+            assert rejection.status_code == grpc.StatusCode.UNAVAILABLE.value[0], rejection
+            assert time.monotonic() - started < 2 * PULL_SECONDS + 5
+            load = services.load("decode")
+            assert load.num_free_blocks == load.num_total_blocks
+            assert services.metric("decode", "sluice:kv_transfer_failures_total") == 1
+        finally:
+            prefill.close()
+            decode.close()
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
