@@ -3,7 +3,6 @@ and a small random Qwen3 checkpoint at -tp 2 give Hugging Face's greedy tokens (
 test_greedy_matches_hf): one request alone, its 4 greedy samples (forked at once, preempted by a small KV pool), and
 8 requests at once with prefix-cache hits; losing one rank mid-stream ends every stream with UNAVAILABLE and the
 replica serves again once its ranks are back."""
-import json
 import signal
 import subprocess
 import threading
@@ -16,11 +15,9 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from sluice.worker.loading.dummy_weights import random_state_dict
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.served_greedy import SMALL_POOL, assert_matches_alone_and_together, token_request
 from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
-from tests.worker.test_model_families import _TINY, FAMILIES
 
 pytestmark = pytest.mark.slow
 
@@ -34,22 +31,6 @@ def test_smollm2_at_tp3_matches_hf(default_model_dir, hf_greedy_of, hf_tokenizer
     prompts = [hf_tokenizer(text).input_ids for text in TEXTS]
     with running_services(default_model_dir, SMALL_POOL, tensor_parallel_size=3) as services:
         assert_matches_alone_and_together(services, hf_greedy_of, prompts)
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    """A Qwen3-shaped Hugging Face folder of random weights (no tokenizer: token ids in and out)."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    folder = tmp_path_factory.mktemp("tiny-qwen3")
-    hf_config = {**_TINY, **FAMILIES["qwen3"], "intermediate_size": 96}
-    state = random_state_dict(hf_config, torch.float32, torch.device("cpu"), seed=2)
-    save_file({name: t if name.endswith("norm.weight") else t * 10 for name, t in state.items()},
-              folder / "model.safetensors")
-    AutoConfig.for_model(**hf_config).save_pretrained(folder)
-    assert json.loads((folder / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
-    return folder
 
 
 def _qwen3_matches_hf_at_tp2(folder, worker_args: list[str] = ()) -> None:
