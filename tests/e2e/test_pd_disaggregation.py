@@ -6,9 +6,9 @@ died fails with UNAVAILABLE in bounded time. Every test ends with both sides' bl
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import grpc
+import psutil
 import pytest
 import torch
 
@@ -16,7 +16,7 @@ from sluice.v1 import scheduler_pb2
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.pd_services import SchedulerStream, running_pd_services
 from tests.e2e.served_greedy import FAMILY_PROMPTS, MAX_NEW_TOKENS, token_request
-from tests.e2e.test_tensor_parallel import TEXTS, tiny_qwen3  # noqa: F401 (a fixture)
+from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def test_greedy_tokens_are_hfs_and_a_single_replicas_alone_and_together(pd, defa
 
 
 def test_a_client_that_leaves_in_either_leg_frees_both_sides(pd, hf_tokenizer):
-    long_prompt = hf_tokenizer(" ".join(["river"] * 1500)).input_ids
+    long_prompt = hf_tokenizer(" ".join(["river"] * 800)).input_ids
     stream = pd.client.stream(token_request(long_prompt, max_tokens=64))
     _wait_for(lambda: pd.load("prefill").num_running == 1)
     stream.cancel()  # in the prefill leg
@@ -79,40 +79,49 @@ def test_a_lease_no_decode_replica_claims_expires(pd):
         leg.close()
 
 
-def test_both_replicas_at_tp2_give_hfs_tokens(tiny_qwen3):  # noqa: F811
+def test_both_replicas_at_tp2_give_hfs_tokens_and_a_dead_prefill_rank_fails_the_decode_leg(tiny_qwen3):
+    """One stack for both (a -tp 2 pair costs four worker processes): the dead rank comes last."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
-    with running_pd_services(tiny_qwen3, POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
-        expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS]
+    expected = [hf_greedy(hf, prompt, MAX_NEW_TOKENS) for prompt in FAMILY_PROMPTS]
+    with running_pd_services(tiny_qwen3, [*POOL, *TIMEOUTS], router_args=["--no-tokenizer"],
+                             tensor_parallel_size=2) as services:
         with ThreadPoolExecutor(len(FAMILY_PROMPTS)) as pool:
             results = list(pool.map(lambda prompt: services.client.generate(token_request(prompt)).token_ids,
                                     FAMILY_PROMPTS))
         assert results == expected
-        services.wait_until_settled()
-        assert services.metric("decode", "sluice:kv_transfer_bytes_total") > 0
-
-
-def test_a_decode_leg_whose_prefill_replica_died_fails_with_unavailable(tiny_qwen3):  # noqa: F811
-    with running_pd_services(tiny_qwen3, [*POOL, *TIMEOUTS], router_args=["--no-tokenizer"]) as services:
         prefill, decode = SchedulerStream(services.addresses["prefill"]), SchedulerStream(services.addresses["decode"])
         try:
             prompt = list(range(1, 60))
-            prefill.submit("leg", prompt, 8, PREFILL_LEG)
-            kv_transfer = prefill.ending("leg").kv_transfer
-            services.prefill_worker.send_signal(signal.SIGKILL)
-            services.prefill_worker.wait()
+            # a pair that succeeds: the decode ranks know their prefill peers when one dies
+            assert isinstance(decode.ending(_pair(prefill, decode, "known", prompt)), scheduler_pb2.Finished)
+            leased = _prefill_leg(prefill, "dead", prompt[::-1])
+            rank_0 = next(process for process in psutil.Process(services.prefill_worker.pid).children()
+                          if process.cmdline()[process.cmdline().index("--rank") + 1] == "0")
+            rank_0.send_signal(signal.SIGKILL)
             started = time.monotonic()
-            decode.submit("leg", prompt, 8, kv_transfer)
-            rejection = decode.ending("leg")
+            decode.submit("dead", prompt[::-1], 8, leased)
+            rejection = decode.ending("dead")
             assert rejection.status_code == grpc.StatusCode.UNAVAILABLE.value[0], rejection
             assert time.monotonic() - started < 2 * PULL_SECONDS + 5
-            load = services.load("decode")
-            assert load.num_free_blocks == load.num_total_blocks
-            assert services.metric("decode", "sluice:kv_transfer_failures_total") == 1
         finally:
             prefill.close()
             decode.close()
+        load = services.load("decode")
+        assert load.num_free_blocks == load.num_total_blocks and not load.num_running
+        assert services.metric("decode", "sluice:kv_transfer_failures_total") == 1
+
+
+def _prefill_leg(prefill: SchedulerStream, request_id: str, prompt: list[int]) -> scheduler_pb2.KvTransferParams:
+    prefill.submit(request_id, prompt, 8, PREFILL_LEG)
+    return prefill.ending(request_id).kv_transfer
+
+
+def _pair(prefill: SchedulerStream, decode: SchedulerStream, request_id: str, prompt: list[int]) -> str:
+    """Sends a disaggregated request by hand: its prefill leg, then its decode leg. Returns its id."""
+    decode.submit(request_id, prompt, 8, _prefill_leg(prefill, request_id, prompt))
+    return request_id
 
 
 def _wait_for(condition, timeout: float = 30.0) -> None:

@@ -1,5 +1,6 @@
 """A worker's NIXL agent: registers the KV cache, describes it to peers, and pulls a peer's blocks into its own."""
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -45,26 +46,33 @@ class KvTransferAgent:
         """Reads the peer's blocks into the local ones, pairwise; returns the bytes read. Unavailable when the
         transfer fails or outlasts the timeout (the peer died or hangs): the peer is forgotten."""
         self._check_matches(source)
+        try:
+            state = await self._read(source, remote_block_ids, local_block_ids, time.monotonic() + timeout)
+        except Exception as error:  # NIXL's errors (a peer that cannot be reached) share no base but Exception
+            state = repr(error)
+        if state != "DONE":
+            self._forget(source.agent_name)
+            raise Unavailable(f"reading KV blocks from {source.agent_name}: "
+                              f"{'timed out' if state == 'PROC' else state}")
+        return len(local_block_ids) * sum(region.block_bytes for region in self.regions)
+
+    async def _read(self, source: KvSource, remote_block_ids: list[int], local_block_ids: list[int],
+                    deadline: float) -> str:
+        """The transfer's last state: DONE, ERR, or PROC at the deadline."""
         remote = self._peer(source)
-        num_blocks = self.num_blocks
         offsets = np.arange(len(self.regions))[:, None]
-        local = (offsets * num_blocks + np.asarray(local_block_ids)[None, :]).ravel()
-        remote_indices = (offsets * source.num_blocks + np.asarray(remote_block_ids)[None, :]).ravel()
-        handle = self.agent.make_prepped_xfer("READ", self._local, local.astype(np.int32), remote,
-                                              remote_indices.astype(np.int32))
+        local = offsets * self.num_blocks + np.asarray(local_block_ids)[None, :]
+        remote_indices = offsets * source.num_blocks + np.asarray(remote_block_ids)[None, :]
+        handle = self.agent.make_prepped_xfer("READ", self._local, local.ravel().astype(np.int32), remote,
+                                              remote_indices.ravel().astype(np.int32))
         try:
             state = self.agent.transfer(handle)
-            deadline = time.monotonic() + timeout
             while state == "PROC" and time.monotonic() < deadline:
                 await asyncio.sleep(_POLL_SECONDS)
                 state = self.agent.check_xfer_state(handle)
-            if state != "DONE":
-                self._forget(source.agent_name)
-                reason = "timed out" if state == "PROC" else "failed"
-                raise Unavailable(f"reading KV blocks from {source.agent_name} {reason}")
+            return state
         finally:
             handle.release()
-        return len(local_block_ids) * sum(region.block_bytes for region in self.regions)
 
     def _check_matches(self, source: KvSource) -> None:
         mine = [region.block_bytes for region in self.regions]
@@ -84,7 +92,8 @@ class KvTransferAgent:
 
     def _forget(self, agent_name: str) -> None:
         if self._peers.pop(agent_name, None) is not None:
-            self.agent.remove_remote_agent(agent_name)
+            with contextlib.suppress(Exception):  # a peer that is gone may be gone from NIXL's view too
+                self.agent.remove_remote_agent(agent_name)
 
     @staticmethod
     def _descriptors(regions: list[KvRegion], num_blocks: int) -> np.ndarray:
