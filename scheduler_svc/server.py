@@ -63,6 +63,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                                                   block_size=config.block_size,
                                                   eos_token_ids=sorted(info.eos_token_ids),
                                                   kv_cache_dtype=info.kv_cache_dtype, quantization=info.quantization,
+                                                  kv_role=config.kv_role,
                                                   vision=info.vision if info.HasField("vision") else None)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))

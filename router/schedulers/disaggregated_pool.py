@@ -41,7 +41,10 @@ class DisaggregatedPool:
                                                                          decode.block_size):
             raise ValueError(f"the prefill replicas serve {prefill.model} in blocks of {prefill.block_size}, the "
                              f"decode replicas {decode.model} in blocks of {decode.block_size}")
-        return min(prefill, decode, key=lambda info: info.max_model_len)
+        info = type(decode)()
+        info.CopyFrom(min(prefill, decode, key=lambda info: info.max_model_len))
+        info.kv_role = "both"  # to its clients, the pair serves whole requests
+        return info
 
     async def loads(self, timeout: float) -> list:
         """The decode replicas' loads: where a request's tokens come from."""

@@ -46,11 +46,11 @@ class PdServices:
             time.sleep(0.05)
 
     @contextmanager
-    def single_replica_router(self, model: Path | str, *args: str):
-        """A router of the decode replica alone, which serves plain requests as a replica of its own."""
-        with extra_router(self, model, *args, schedulers=self.layout.scheduler_address) as (_, address), \
-                SluiceClient(address) as client:
-            yield client
+    def side_router(self, side: str, model: Path | str, *args: str):
+        """The address of a router of one replica alone: it serves plain requests as a replica of its own, and
+        legs of disaggregated ones that a gateway pairs (kv_transfer_params_json)."""
+        with extra_router(self, model, *args, schedulers=self.addresses[side]) as (_, address):
+            yield address
 
 
 @contextmanager

@@ -2,16 +2,21 @@
 processes: greedy tokens through a prefill and a decode replica are Hugging Face's and a single replica's, alone and
 8 at once with prefix-cache hits on both sides, at -tp 1 and with both replicas at -tp 2; a client that leaves in
 either leg frees both sides' blocks; a lease no decode replica claims expires; a decode leg whose prefill replica
-died fails with UNAVAILABLE in bounded time. Every test ends with both sides' blocks free."""
+died fails with UNAVAILABLE in bounded time; smg's own PD mode over a router of each replica gives the native
+API's texts to the openai client. Every test ends with both sides' blocks free."""
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import openai
 import psutil
 import pytest
 import torch
 
+from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
+from sluice.cli.launcher import free_ports, stop_services
+from sluice.client import SluiceClient, text_request
 from sluice.v1 import scheduler_pb2
 from tests.e2e.hf_reference import hf_greedy
 from tests.e2e.pd_services import SchedulerStream, running_pd_services
@@ -40,7 +45,7 @@ def test_greedy_tokens_are_hfs_and_a_single_replicas_alone_and_together(pd, defa
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda prompt: pd.client.generate(token_request(prompt)).token_ids, prompts))
     assert together == expected
-    with pd.single_replica_router(default_model_dir) as single:
+    with pd.side_router("decode", default_model_dir) as address, SluiceClient(address) as single:
         assert [single.generate(token_request(prompt)).token_ids for prompt in prompts[:2]] == expected[:2]
     pd.wait_until_settled()
     assert pd.load("prefill").prefix_cache_hit_rate > 0 and pd.load("decode").prefix_cache_hit_rate > 0
@@ -77,6 +82,27 @@ def test_a_lease_no_decode_replica_claims_expires(pd):
         assert pd.metric("prefill", "sluice:kv_leases_expired_total") == 1
     finally:
         leg.close()
+
+
+def test_smg_in_pd_mode_over_a_prefill_and_a_decode_router_gives_the_native_texts(pd, default_model_dir):
+    """smg tags the prefill leg do_remote_decode, relays the kv_transfer_params_json it returns to the decode leg."""
+    pulled = pd.metric("decode", "sluice:kv_transfer_seconds_count")
+    with pd.side_router("prefill", default_model_dir) as prefill, pd.side_router("decode", default_model_dir) as decode:
+        layout = GatewayLayout("127.0.0.1", *free_ports(2))
+        gateway = start_gateway(layout, [decode], default_model_dir, ["--log-level", "warn"],
+                                prefill_router_addresses=[prefill])
+        try:
+            wait_until_gateway_serves(layout, 90, gateway)
+            with openai.OpenAI(base_url=f"{layout.url}/v1", api_key="unused", max_retries=0) as client:
+                for text in TEXTS[:2]:
+                    answer = client.completions.create(model=default_model_dir.name, prompt=text,
+                                                       max_tokens=MAX_NEW_TOKENS, temperature=0)
+                    native = pd.client.generate(text_request(text, max_tokens=MAX_NEW_TOKENS, temperature=0.0))
+                    assert answer.choices[0].text == native.text
+        finally:
+            stop_services([gateway])
+    assert pd.metric("decode", "sluice:kv_transfer_seconds_count") > pulled  # the second prompt's blocks were held
+    pd.wait_until_settled()
 
 
 def test_both_replicas_at_tp2_give_hfs_tokens_and_a_dead_prefill_rank_fails_the_decode_leg(tiny_qwen3):
