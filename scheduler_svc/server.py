@@ -93,9 +93,9 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
     if info.kv_role != config.kv_role:
         raise ValueError(f"the workers' kv_role is {info.kv_role!r}, the scheduler's {config.kv_role!r}: start "
                          "both with the same --kv-role")
-    if config.kv_role != "both" and info.attention_window:
-        raise ValueError("a model whose every layer has a sliding window frees blocks as requests advance: "
-                         "kv_role 'both' only")
+    if config.kv_role != "both" and (info.attention_window or info.draft_model):
+        raise ValueError("a model whose every layer has a sliding window (it frees blocks as requests advance), or "
+                         "a draft model's KV cache, does not move between replicas: kv_role 'both' only")
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,

@@ -81,8 +81,6 @@ class WorkerConfig:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role must be one of {list(KV_ROLES)}, got {self.kv_role!r}")
-        if self.kv_role != "both" and self.draft_model:
-            raise ValueError("a draft model's KV cache does not move between replicas: kv_role 'both' only")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 

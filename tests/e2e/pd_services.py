@@ -29,11 +29,7 @@ class PdServices:
         return scheduler_load(self.addresses[side])
 
     def metric(self, side: str, name: str) -> float:
-        """The sample of the scheduler's series `name` (a counter's _total, a histogram's _sum, as named)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[side]}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == name)
+        return scraped(self.metrics_ports[side], name)
 
     def wait_until_settled(self, timeout: float = 20.0) -> None:
         """Until both replicas run nothing and hold every block free again (no lease, no pin, no request)."""
@@ -51,6 +47,14 @@ class PdServices:
         legs of disaggregated ones that a gateway pairs (kv_transfer_params_json)."""
         with extra_router(self, model, *args, schedulers=self.addresses[side]) as (_, address):
             yield address
+
+
+def scraped(port: int, name: str) -> float:
+    """The sample of the series `name` (a counter's _total, a histogram's _count, as named) on a metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name)
 
 
 @contextmanager

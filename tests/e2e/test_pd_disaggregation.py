@@ -5,6 +5,7 @@ either leg frees both sides' blocks; a lease no decode replica claims expires; a
 died fails with UNAVAILABLE in bounded time; smg's own PD mode over a router of each replica gives the native
 API's texts to the openai client. Every test ends with both sides' blocks free."""
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,12 +16,14 @@ import pytest
 import torch
 
 from sluice.cli.gateway import GatewayLayout, start_gateway, wait_until_gateway_serves
-from sluice.cli.launcher import free_ports, stop_services
+from sluice.cli.launcher import free_port, free_ports, stop_services
+from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, text_request
 from sluice.v1 import scheduler_pb2
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.pd_services import SchedulerStream, running_pd_services
+from tests.e2e.pd_services import SchedulerStream, running_pd_services, scraped
 from tests.e2e.served_greedy import FAMILY_PROMPTS, MAX_NEW_TOKENS, token_request
+from tests.e2e.services import wait_for_serve
 from tests.e2e.test_tensor_parallel import TEXTS
 
 pytestmark = pytest.mark.slow
@@ -137,6 +140,28 @@ def test_both_replicas_at_tp2_give_hfs_tokens_and_a_dead_prefill_rank_fails_the_
         load = services.load("decode")
         assert load.num_free_blocks == load.num_total_blocks and not load.num_running
         assert services.metric("decode", "sluice:kv_transfer_failures_total") == 1
+
+
+def test_sluice_serve_pd_pairs_a_prefill_and_a_decode_replica():
+    """Random weights of a tiny shape: the decode side's first token, from two pulled blocks and its own last eight
+    tokens, is the one the prefill replica computes alone (it serves a one-token request whole); the metrics ports
+    follow the documented layout (the decode scheduler's at P + 1, the prefill scheduler's at P + 3)."""
+    port, metrics_port = free_port(), free_ports(1, run=5)[0]
+    serve = subprocess.Popen([*sluice_command("serve"), "--pd", "--load-format", "dummy", "--model", "SmolLM2-tiny",
+                              *POOL, "--port", str(port), "--metrics-port", str(metrics_port)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for_serve(serve)
+        prompt = list(range(100, 140))
+        with SluiceClient(f"127.0.0.1:{port}") as client:
+            alone = client.generate(token_request(prompt, max_tokens=1)).token_ids
+            paired = client.generate(token_request(prompt, max_tokens=6)).token_ids
+        assert paired[:1] == alone and len(paired) == 6
+        assert scraped(metrics_port + 1, "sluice:kv_transfer_bytes_total") > 0
+        assert scraped(metrics_port + 3, "sluice:kv_leases") == 0
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0
 
 
 def _prefill_leg(prefill: SchedulerStream, request_id: str, prompt: list[int]) -> scheduler_pb2.KvTransferParams:
