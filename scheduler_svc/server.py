@@ -104,9 +104,10 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
 
 
 def _advertised_host(address: str) -> str:
-    """The host decode replicas reach this one at: the listening host, or this machine's name for a wildcard."""
+    """The host decode replicas reach this one at: the listening host, or for a wildcard the address this machine's
+    name resolves to (a Kubernetes pod's own IP)."""
     host = address.rsplit(":", 1)[0]
-    return socket.getfqdn() if host in ("", "0.0.0.0", "[::]") else host
+    return socket.gethostbyname(socket.gethostname()) if host in ("", "0.0.0.0", "[::]") else host
 
 
 def _check_draft_model(info: worker_pb2.WorkerInfo, speculative_method: str | None) -> None:
