@@ -25,6 +25,7 @@ class KvTransferAgent:
             raise RuntimeError("moving KV blocks between replicas needs NIXL: pip install 'sluice[pd]'") from error
         self.name = f"{name}-{uuid.uuid4().hex[:8]}"  # a worker set up again is a new peer
         self.agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
+        self._kv_caches = kv_caches  # the registered memory lives as long as the agent
         key_cache = kv_caches[0][0]
         self.num_blocks = key_cache.shape[0]
         self.memory_type = "DRAM" if key_cache.device.type == "cpu" else "VRAM"
