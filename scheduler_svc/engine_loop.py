@@ -4,7 +4,7 @@ import logging
 import time
 from functools import partial
 
-from sluice.core.errors import Unavailable
+from sluice.core.errors import InvalidArgument, Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.scheduler.kv_cache.event_log import KvEventLog
@@ -46,6 +46,8 @@ class EngineLoop:
         pulls = request.kv_transfer is not None and request.kv_transfer.do_remote_prefill
         if pulls:
             self.scheduler.check_request(request)
+            if request.request_id in self.kv_pulls or self.scheduler.get_request(request.request_id) is not None:
+                raise InvalidArgument("request_id", f"{request.request_id!r} duplicates a live request")
         else:
             self.scheduler.add_request(request)
         self.sessions.bind(request.request_id, outbox, request.sampling_params.n)
