@@ -34,7 +34,7 @@ def _hold(args, sources, done) -> None:
     from sluice.worker.kv_transfer.agent import KvTransferAgent
 
     agent = KvTransferAgent("bench-prefill", _kv_caches(args.shape, args.num_blocks, args.block_size, args.dtype,
-                                                        args.device))
+                                                        args.device), serves_reads=True)
     sources.put(agent.source)
     done.get()
 
@@ -45,7 +45,7 @@ def _pull(args, sources, done, results) -> None:
     from sluice.worker.kv_transfer.agent import KvTransferAgent
 
     agent = KvTransferAgent("bench-decode", _kv_caches(args.shape, args.num_blocks, args.block_size, args.dtype,
-                                                       args.pull_device or args.device))
+                                                       args.pull_device or args.device), serves_reads=False)
     source = sources.get()
     rows = []
     for count in args.blocks:

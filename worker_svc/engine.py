@@ -75,7 +75,8 @@ class WorkerEngine:
                 num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
         if self.config.kv_role != "both":
-            self.kv_transfer = KvTransferAgent(f"sluice-{self.config.kv_role}-rank{self.config.rank}", kv_caches)
+            self.kv_transfer = KvTransferAgent(f"sluice-{self.config.kv_role}-rank{self.config.rank}", kv_caches,
+                                               serves_reads=self.config.kv_role == "prefill")
         graphed = partial(self._forward_pass, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size))
         forward = graphed(self.model, kv_caches, cos_sin_cache, calculate_kv_scales=self.config.calculate_kv_scales)

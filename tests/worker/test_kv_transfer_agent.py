@@ -24,7 +24,7 @@ def _caches(dtype: torch.dtype, seed: int, num_kv_heads: int = NUM_KV_HEADS):
 
 
 def _hold(dtype: torch.dtype, sources, done) -> None:
-    agent = KvTransferAgent("test-prefill", _caches(dtype, seed=1))
+    agent = KvTransferAgent("test-prefill", _caches(dtype, seed=1), serves_reads=True)
     sources.put(agent.source)
     done.get()
 
@@ -48,7 +48,7 @@ def peer(request):
 def test_a_pull_lands_the_peers_blocks_bit_for_bit(peer):
     dtype, source = peer
     local = _caches(dtype, seed=2)
-    agent = KvTransferAgent("test-decode", local)
+    agent = KvTransferAgent("test-decode", local, serves_reads=False)
     num_bytes = asyncio.run(agent.pull(source, [5, 2], [0, 7], timeout=10))
     remote = _caches(dtype, seed=1)
     assert num_bytes == 2 * 2 * NUM_LAYERS * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM * dtype.itemsize
@@ -62,7 +62,7 @@ def test_a_pull_lands_the_peers_blocks_bit_for_bit(peer):
 
 def test_a_cache_of_another_shape_is_refused_naming_the_field(peer):
     dtype, source = peer
-    agent = KvTransferAgent("test-decode", _caches(dtype, seed=2, num_kv_heads=1))
+    agent = KvTransferAgent("test-decode", _caches(dtype, seed=2, num_kv_heads=1), serves_reads=False)
     with pytest.raises(InvalidArgument) as refused:
         asyncio.run(agent.pull(source, [0], [0], timeout=10))
     assert refused.value.field == "kv_transfer.remote_engine_id"

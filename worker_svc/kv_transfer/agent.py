@@ -18,13 +18,16 @@ class KvTransferAgent:
     whole); a descriptor per region and block lets a transfer name any blocks, so a pull reads the peer's blocks
     straight into the local ones, layer by layer in one request. Peers are added once, by their agent's name."""
 
-    def __init__(self, name: str, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, name: str, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], serves_reads: bool):
+        """serves_reads: peers read this cache (a prefill worker's). NIXL's progress thread then answers them where
+        the transport needs the target's help (UCX over TCP), at the cost of a core it keeps busy; a reader drives
+        its own reads as it polls them, and runs none."""
         try:
             from nixl_cu12 import nixl_agent, nixl_agent_config
         except ImportError as error:
             raise RuntimeError("moving KV blocks between replicas needs NIXL: pip install 'sluice[pd]'") from error
         self.name = f"{name}-{uuid.uuid4().hex[:8]}"  # a worker set up again is a new peer
-        self.agent = nixl_agent(self.name, nixl_agent_config(backends=["UCX"]))
+        self.agent = nixl_agent(self.name, nixl_agent_config(enable_prog_thread=serves_reads, backends=["UCX"]))
         self._kv_caches = kv_caches  # the registered memory lives as long as the agent
         key_cache = kv_caches[0][0]
         self.num_blocks = key_cache.shape[0]
