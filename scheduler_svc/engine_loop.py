@@ -86,7 +86,7 @@ class EngineLoop:
         """Raises Unavailable when the worker is lost."""
         # Async scheduling (StepsInFlight): step N's outcome is applied and fanned out to the routers while step
         # N + 1 runs. PipelineDepth says whether step N + 2 is queued too; deadlines expire between two plans.
-        depth = PipelineDepth()
+        depth = PipelineDepth(self.scheduler.pipeline_parallel_size)
         steps = StepsInFlight(self.scheduler, partial(self._send, depth))
         self.scheduler.kv_leases.origin.remote_engine_id = self.worker.kv_engine_id
         while True:

@@ -10,9 +10,11 @@ class PipelineDepth:
     """How many steps the engine loop keeps in flight. A step queued on the worker behind the running one hides the
     host's turnaround (an outcome applied and published, the next step planned, sent and launched); each further one
     delays a newcomer's first token by a step. So two are in flight (the running step and the next one) while steps
-    are long and the scheduler's turnaround a small share of them, MAX_STEPS_IN_FLIGHT otherwise."""
+    are long and the scheduler's turnaround a small share of them, MAX_STEPS_IN_FLIGHT otherwise; and never fewer
+    than the worker's pipeline stages, each of which runs one of them."""
 
-    def __init__(self):
+    def __init__(self, num_stages: int = 1):
+        self.num_stages = num_stages
         self.step_seconds = 0.0  # between outcomes, smoothed: the device's step time while it has work
         self.turnaround_seconds = 0.0  # from an outcome's arrival to the next plan sent, smoothed
         self._last_outcome_at: float | None = None
@@ -22,8 +24,8 @@ class PipelineDepth:
     def limit(self) -> int:
         long_steps = self.step_seconds >= SHORT_STEP_SECONDS
         if long_steps and self.turnaround_seconds <= HOST_SHARE_OF_STEP * self.step_seconds:
-            return 2
-        return MAX_STEPS_IN_FLIGHT
+            return max(2, self.num_stages)
+        return max(MAX_STEPS_IN_FLIGHT, self.num_stages)
 
     def outcome_received(self, now: float) -> None:
         if self._last_outcome_at is not None:

@@ -57,6 +57,7 @@ class Request:
     num_cached_tokens: int = field(default=0, init=False)  # prompt tokens served from the prefix cache (usage)
     num_preemptions: int = field(default=0, init=False)
     preempted_at_step: int = field(default=-1, init=False)  # results of earlier steps belong to a dropped run
+    last_step: int = field(default=-1, init=False)  # the newest step planned with tokens of it
     # tokens the worker samples in steps still in flight (async scheduling): it feeds them forward itself; a step that
     # verifies proposals counts them as accepted until its outcome says how many were
     num_output_placeholders: int = field(default=0, init=False)

@@ -3,6 +3,7 @@ import bisect
 import dataclasses
 import heapq
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +42,7 @@ class _StepDraft:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # request id -> its ngram proposals
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # request id -> slots for the draft model's
     proposal_rows: int = 0  # how many more proposed tokens the step may carry
+    running_seats: int = 0  # how many more running requests the step may take (a pipeline stage's share of them)
     decodes_only: bool = False  # every request of the step computes one token (and its proposals), none joins
     followers: list[Request] = field(default_factory=list)  # held back by a decode-only verification
     preempted: bool = False
@@ -48,11 +50,15 @@ class _StepDraft:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: set[int], clock: Callable[[], float] = time.monotonic,
-                 attention_window: int = 0, vision: VisionInfo | None = None):
+                 attention_window: int = 0, vision: VisionInfo | None = None, pipeline_parallel_size: int = 1):
         """attention_window: tokens back from its newest that a query reads in every layer of the model (0: the
         whole context); the blocks before a request's window are freed as it advances. vision: what the model
-        expects of images (None: it takes none)."""
+        expects of images (None: it takes none). pipeline_parallel_size: the worker's stages; above 1, up to that
+        many steps are in flight, and a request is in one of them at most (its next step needs the token that the
+        last stage samples)."""
         self.config = config
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.max_steps_in_flight = max(MAX_STEPS_IN_FLIGHT, pipeline_parallel_size)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
                                           attention_window)
@@ -173,7 +179,9 @@ class Scheduler:
         # itself; so step N + 1 is planned while step N runs (at most MAX_STEPS_IN_FLIGHT unapplied). Image
         # placeholders are prompt tokens; a chunk stops before an image whose encoder output the worker does not hold
         # when its encoding exceeds the step's encoder budget or the encoder cache's room (vLLM v1's encoder budget).
-        if len(self._in_flight) >= MAX_STEPS_IN_FLIGHT:
+        # Across P pipeline stages, a request waits for its step's outcome before its next step, and a step takes at
+        # most 1/P of the running requests, so that the P steps in flight are alike.
+        if len(self._in_flight) >= self.max_steps_in_flight:
             raise RuntimeError(f"steps {list(self._in_flight)} have not been applied with update_from_outcome")
         draft = _StepDraft(token_budget=self.config.max_num_batched_tokens,
                            encoder_budget=self.config.max_num_encoder_input_tokens,
@@ -217,6 +225,7 @@ class Scheduler:
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             request = self._requests[request_id]
             request.num_computed_tokens += num_tokens
+            request.last_step = plan.step_id
             proposed = num_proposed.get(request_id, 0)
             if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders + proposed:
                 request.num_output_placeholders += 1 + proposed
@@ -339,6 +348,7 @@ class Scheduler:
     # -- planning
 
     def _schedule_running(self, draft: _StepDraft) -> None:
+        draft.running_seats = math.ceil(len(self._running) / self.pipeline_parallel_size)
         decodes, prefills = [], []
         for request in self._running:
             (prefills if request.num_tokens_to_compute > 1 else decodes).append(request)
@@ -355,6 +365,10 @@ class Scheduler:
         num_new_tokens = min(request.num_tokens_to_compute - self._sample_groups.num_held_back(request),
                              draft.token_budget)
         if num_new_tokens <= 0 or request.status is not RUNNING or self._reaches_its_length(request):
+            return
+        if self.pipeline_parallel_size > 1 and self._in_flight and request.last_step >= self._in_flight[0]:
+            return
+        if draft.running_seats <= 0 and request.request_id not in draft.forked:  # a fork runs in its own step
             return
         speculation = self.speculation
         if speculation is not None and not follows and speculation.holds_back(request):
@@ -379,6 +393,7 @@ class Scheduler:
             if victim is request:
                 return
         num_new_tokens += num_proposed
+        draft.running_seats -= 1
         self._take_images(request, images, draft)
         draft.token_budget -= num_new_tokens
         draft.num_scheduled_tokens[request.request_id] = num_new_tokens

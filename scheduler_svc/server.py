@@ -30,14 +30,15 @@ log = logging.getLogger("sluice.scheduler")
 
 async def serve(worker_addresses: list[str], address: str, operations: Operations, num_blocks: int = 0,
                 worker_timeout: float = 600.0, **scheduler_options) -> None:
-    """worker_addresses: the replica's tensor-parallel ranks, in rank order (one for an unsharded replica).
-    num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
+    """worker_addresses: the replica's ranks (the tensor-parallel ranks of each pipeline stage), in rank order (one
+    for an unsharded replica). num_blocks 0 asks the workers to size the KV cache from their memory budget; scheduler_options are the
     remaining SchedulerConfig fields. Not ready until every worker is connected, nor while one is lost (then its
     methods still answer, refusing new requests with UNAVAILABLE); on shutdown, drains the requests it holds."""
     log.info("scheduler settings: %s", " ".join(as_flags({"num_blocks": num_blocks, **scheduler_options},
                                                          SchedulerConfig)))
     if len(worker_addresses) > 1 and scheduler_options.get("speculative_method"):
-        raise ValueError("speculative decoding needs an unsharded worker (tensor-parallel size 1)")
+        raise ValueError("speculative decoding needs an unsharded worker (one rank: tensor- and pipeline-parallel "
+                         "size 1)")
     async with Service([SERVICE_NAME], "sluice-scheduler", operations) as service:
         port = await service.start(address)
         worker = WorkerGroup([WorkerClient(worker_address) for worker_address in worker_addresses])
@@ -51,7 +52,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
             sessions = RouterSessions()
             vision = vision_info_from_pb(info.vision) if info.HasField("vision") else None
             scheduler = Scheduler(config, set(info.eos_token_ids), attention_window=info.attention_window,
-                                  vision=vision)
+                                  vision=vision, pipeline_parallel_size=info.pipeline_parallel_size or 1)
             scheduler.kv_leases.origin = KvTransferParams(remote_host=_advertised_host(address), remote_port=port)
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
             service.metrics_registry.register(SchedulerLoadCollector(scheduler, info.model))

@@ -38,7 +38,10 @@ class WorkerConfig:
     dependent_launch: bool = option(True, flag="--no-dependent-launch",
                                     help="no programmatic dependent launch: on Hopper and newer, each kernel of the "
                                          "decode path otherwise starts while the one before it finishes")
-    kernels: str = option("auto", choices=KERNELS, help="auto: Triton kernels on a GPU, plain torch on the CPU")
+    kernels: str = option("auto", choices=KERNELS,
+                          help="auto: Triton kernels on a GPU; on the CPU plain torch, its projections through "
+                               "oneDNN with weights packed at load (float32 and bfloat16, where torch has oneDNN); "
+                               "torch: plain torch, projections by F.linear")
     compile_cache: str = option("", help="a folder for the kernels that Triton and torch inductor compile (their "
                                          "TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): on a volume that outlives "
                                          "the process, a restarted worker compiles none again; empty: their own "
@@ -47,8 +50,13 @@ class WorkerConfig:
     tensor_parallel_size: int = option(1, short="-tp",
                                        help="worker processes (ranks) that serve one model replica together; with "
                                             "--device cuda, rank r runs on cuda:r (cuda:K: on cuda:K+r)")
-    rank: int = 0  # this worker's tensor-parallel rank
-    dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (tensor_parallel_size > 1)
+    pipeline_parallel_size: int = option(1, short="-pp",
+                                         help="pipeline stages of one model replica, each a tensor-parallel group of "
+                                              "its own over a share of the layers: tp x pp ranks in all")
+    pp_layer_partition: str = option("", help="each stage's number of layers, comma-separated in stage order (they "
+                                              "sum to the model's layers); empty: as even as they divide")
+    rank: int = 0  # this worker's rank in its replica: pipeline stage rank // tp, tensor-parallel rank rank % tp
+    dist_init_address: str = ""  # HOST:PORT where rank 0 meets the other ranks (world_size > 1)
     enable_expert_parallel: bool = option(False, help="a mixture of experts' whole experts spread over the "
                                                        "tensor-parallel ranks, instead of every expert's "
                                                        "intermediate columns")
@@ -62,10 +70,12 @@ class WorkerConfig:
                                "registers (the decode side pulls the prefill side's blocks); both: neither")
 
     def __post_init__(self):
-        if not 0 <= self.rank < self.tensor_parallel_size:
-            raise ValueError(f"rank must be in [0, {self.tensor_parallel_size}), got {self.rank}")
-        if self.tensor_parallel_size > 1 and not self.dist_init_address:
-            raise ValueError("a tensor-parallel worker needs dist_init_address (HOST:PORT of rank 0)")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.world_size > 1 and not self.dist_init_address:
+            raise ValueError("a worker of several ranks needs dist_init_address (HOST:PORT of rank 0)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("load_format", "draft_load_format"):
@@ -83,6 +93,19 @@ class WorkerConfig:
             raise ValueError(f"kv_role must be one of {list(KV_ROLES)}, got {self.kv_role!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+    @property
+    def world_size(self) -> int:
+        """The replica's ranks: tensor_parallel_size in each of pipeline_parallel_size stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        return self.rank // self.tensor_parallel_size
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -11,7 +11,7 @@ from sluice.worker.kv_transfer.agent import KvTransferAgent
 from sluice.worker.loading.model_loader import LoadedModel, ModelLoader
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.ops.fp8 import FP8
-from sluice.worker.parallel.group import TensorParallelGroup
+from sluice.worker.parallel.group import ReplicaGroups, TensorParallelGroup, replica_min
 from sluice.worker.runner.decode_graphs import DecodeGraphs
 from sluice.worker.runner.draft_proposer import DraftProposer
 from sluice.worker.runner.forward_pass import ForwardPass
@@ -29,7 +29,7 @@ from sluice.worker.sampling.warm_up import warm_up_sampler
 class WorkerEngine:
     """The worker's core object: sizes and owns the KV cache, executes steps on the models a ModelLoader built. In a
     tensor-parallel group, it holds the rank's part of the model and of the KV cache (its heads), and only the driver
-    samples."""
+    samples; in a pipeline stage, the stage's layers and their KV, and the last stage's driver samples."""
 
     def __init__(self, config: WorkerConfig, loaded: LoadedModel, group: TensorParallelGroup | None = None):
         """loaded: the models on the rank's weights, built by a ModelLoader of the same config and group."""
@@ -39,6 +39,7 @@ class WorkerEngine:
         torch.manual_seed(config.seed)
         self.model_config, self.local_config = loaded.config, loaded.local_config
         self.group = group
+        self.stage = loaded.stage
         self.model = loaded.model
         self.draft_config, self.draft_model = loaded.draft_config, loaded.draft_model
         self.runner: ModelRunner | None = None
@@ -46,11 +47,11 @@ class WorkerEngine:
         self.warm_up_seconds = 0.0  # init_cache's sampler warm-up
 
     @classmethod
-    def load(cls, config: WorkerConfig, group: TensorParallelGroup | None = None) -> "WorkerEngine":
+    def load(cls, config: WorkerConfig, groups: ReplicaGroups = ReplicaGroups(None, None)) -> "WorkerEngine":
         """Loads the models (ModelLoader.load), once the device is known to hold the KV cache's dtype."""
         if config.kv_cache_torch_dtype == FP8:
             _check_fp8_kv_cache(config, torch.device(config.device))
-        return cls(config, ModelLoader(config, group).load(), group)
+        return cls(config, ModelLoader(config, *groups).load(), groups.tensor)
 
     def init_cache(self, block_size: int, num_blocks: int = 0, max_num_batched_tokens: int = 8192,
                    max_num_seqs: int = 256, max_model_len: int = 8192, max_num_encoder_input_tokens: int = 0,
@@ -71,8 +72,8 @@ class WorkerEngine:
             image_tokens = (max_num_encoder_input_tokens, encoder_cache_size) if self.model.takes_images else (0, 0)
             num_blocks = self._kv_cache_bytes(cos_sin_cache, block_size, max_num_batched_tokens, max_num_seqs,
                                               *image_tokens) // block_bytes
-            if self.group is not None:
-                num_blocks = self.group.min(num_blocks)  # one pool: the same block ids on every rank
+            if self.group is not None or self.stage is not None:
+                num_blocks = replica_min(num_blocks, self.device)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
         if self.config.kv_role != "both":
             self.kv_transfer = KvTransferAgent(f"sluice-{self.config.kv_role}-rank{self.config.rank}", kv_caches,
@@ -100,14 +101,15 @@ class WorkerEngine:
         decode_graphs = piecewise_graphs = None
         if self.uses_graphs:
             piecewise_graphs = PiecewiseGraphs(model, kv_caches, cos_sin_cache, max_num_batched_tokens, self.device)
-        if not self.config.enforce_eager:
+        if not self.config.enforce_eager and self.stage is None:
             decode_graphs = DecodeGraphs(model, kv_caches, cos_sin_cache, max_num_seqs, max_blocks_per_seq,
                                          self.device, capture=self.uses_graphs)
         return ForwardPass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs, calculate_kv_scales)
 
     @property
     def uses_graphs(self) -> bool:
-        return self.device.type == "cuda" and not self.config.enforce_eager
+        """CUDA graphs, but in a pipeline stage (its steps run eagerly)."""
+        return self.device.type == "cuda" and not self.config.enforce_eager and self.stage is None
 
     @property
     def attention_window(self) -> int:
@@ -122,8 +124,8 @@ class WorkerEngine:
         return min(lengths)
 
     def _sampler(self) -> StepSampler | FollowerSampler:
-        if self.group is not None and not self.group.is_driver:
-            return FollowerSampler(self.group)
+        if (self.group is not None and not self.group.is_driver) or (self.stage is not None and not self.stage.is_last):
+            return FollowerSampler(self.group, self.stage)
         config = self.model_config
         load_tokenizer = None
         if self.config.load_format != "dummy":
@@ -131,7 +133,9 @@ class WorkerEngine:
                                      config.eos_token_ids)
         parts = (SamplingRows(config.vocab_size, config.eos_token_ids, self.device),
                  GrammarMatchers(load_tokenizer, config.vocab_size, self.device), self.config.seed)
-        return StepSampler(*parts) if self.group is None else DriverSampler(self.group, *parts)
+        if self.group is None and self.stage is None:
+            return StepSampler(*parts)
+        return DriverSampler(self.group, self.stage, *parts)
 
     def _kv_cache_bytes(self, cos_sin_cache, block_size: int, max_num_batched_tokens: int, max_num_seqs: int,
                         max_num_encoder_input_tokens: int, encoder_cache_size: int) -> int:

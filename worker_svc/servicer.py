@@ -41,7 +41,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return pb.WorkerInfo(model=self.model_name, architecture=config.architecture,
                              max_model_len=self.engine.max_model_len, vocab_size=config.vocab_size,
                              dtype=self.engine.config.dtype, eos_token_ids=config.eos_token_ids,
-                             rank=self.engine.config.rank, world_size=self.engine.config.tensor_parallel_size,
+                             rank=self.engine.config.rank, world_size=self.engine.config.world_size,
+                             pipeline_parallel_size=self.engine.config.pipeline_parallel_size,
                              draft_model=Path(self.engine.config.draft_model).name,
                              kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "",
                              attention_window=self.engine.attention_window,
@@ -83,6 +84,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             while (item := await launched.get()) is not None:
                 plan, step, started = item
+                if step.arriving is not None:  # sampled on the last pipeline stage
+                    await asyncio.wrap_future(step.arriving)
                 while not step.ready():  # polled: a thread blocked in the driver would slow the launches
                     await asyncio.sleep(0)
                 outcome = await self._run_step_call(self.engine.finish, step)
@@ -97,10 +100,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._num_streams -= 1
 
     def _break_group(self, error: Exception) -> None:
-        """A tensor-parallel rank that failed a call may have left its peers inside a collective: the group is
-        broken for good."""
-        if self.engine.group is not None and not self.group_broken.done():
-            self.group_broken.set_exception(RuntimeError(f"tensor-parallel rank {self.engine.config.rank}: {error}"))
+        """A rank of several that failed a call may have left its peers inside a collective or a transfer: the group
+        is broken for good."""
+        if self.engine.config.world_size > 1 and not self.group_broken.done():
+            self.group_broken.set_exception(RuntimeError(f"rank {self.engine.config.rank}: {error}"))
 
     async def _launch_each(self, request_iterator, launched: asyncio.Queue) -> None:
         try:

@@ -9,14 +9,18 @@ from sluice.scheduler.workers.client import WorkerClient
 
 
 class WorkerGroup:
-    """The scheduler's end of one model replica: its tensor-parallel ranks' workers, in rank order (one worker when
-    the replica is not sharded). Each step is serialised once and the same bytes go to every rank; the driver,
-    rank 0, answers with the outcome and the others with completion markers. Losing any rank loses the replica:
-    every failure surfaces as Unavailable, as soon as any rank's stream ends."""
+    """The scheduler's end of one model replica: its ranks' workers, in rank order (the tensor-parallel ranks of each
+    pipeline stage in turn; one worker when the replica is not sharded). Each step is serialised once and the same
+    bytes go to every rank; the driver, the first rank of the last stage, answers with the outcome and the others
+    with completion markers. Losing any rank loses the replica: every failure surfaces as Unavailable, as soon as
+    any rank's stream ends."""
 
     def __init__(self, workers: list[WorkerClient]):
         self.workers = workers
-        self.driver, self.followers = workers[0], workers[1:]
+        self._take_driver(0)
+
+    def _take_driver(self, rank: int) -> None:
+        self.driver, self.followers = self.workers[rank], self.workers[:rank] + self.workers[rank + 1:]
 
     @property
     def address(self) -> str:
@@ -35,6 +39,8 @@ class WorkerGroup:
                                    f"rank {rank} of {len(self.workers)}: list the workers in rank order")
             if _without_rank(info) != _without_rank(infos[0]):
                 raise RuntimeError(f"the worker at {worker.address} serves {info}, rank 0 serves {infos[0]}")
+        num_stages = infos[0].pipeline_parallel_size or 1
+        self._take_driver(len(self.workers) - len(self.workers) // num_stages)
         return infos[0]
 
     async def start(self, cache) -> int:

@@ -27,7 +27,7 @@ class ServeLayout:
     host: str
     router_port: int
     scheduler_port: int
-    worker_ports: list[int]  # one per tensor-parallel rank, in rank order
+    worker_ports: list[int]  # one per rank of the replica (tensor-parallel ranks of each pipeline stage), in order
     router_own_ports: list[int] = field(default_factory=list)  # one per router process where several share the port
     # `sluice serve --pd`: a prefill replica's scheduler and worker ranks (the replica above decodes); 0 and none else
     prefill_scheduler_port: int = 0
@@ -35,13 +35,13 @@ class ServeLayout:
 
     @classmethod
     def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
-                      tensor_parallel_size: int = 1, router_processes: int = 1, pd: bool = False) -> "ServeLayout":
+                      num_ranks: int = 1, router_processes: int = 1, pd: bool = False) -> "ServeLayout":
         num_own = router_processes if router_processes > 1 else 0
-        num_prefill = 1 + tensor_parallel_size if pd else 0
-        free_router_port, scheduler_port, *ports = free_ports(2 + tensor_parallel_size + num_own + num_prefill, host)
-        prefill = ports[tensor_parallel_size + num_own:]
-        return cls(host, router_port or free_router_port, scheduler_port, ports[:tensor_parallel_size],
-                   ports[tensor_parallel_size:tensor_parallel_size + num_own], *(prefill[:1] or [0]), prefill[1:])
+        num_prefill = 1 + num_ranks if pd else 0
+        free_router_port, scheduler_port, *ports = free_ports(2 + num_ranks + num_own + num_prefill, host)
+        prefill = ports[num_ranks + num_own:]
+        return cls(host, router_port or free_router_port, scheduler_port, ports[:num_ranks],
+                   ports[num_ranks:num_ranks + num_own], *(prefill[:1] or [0]), prefill[1:])
 
     @property
     def router_address(self) -> str:

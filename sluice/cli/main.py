@@ -87,16 +87,16 @@ def _serve(args) -> None:
                          "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
     if args.pd and args.kv_role != "both":
         raise SystemExit("--pd sets each replica's --kv-role itself")
-    tp = args.tensor_parallel_size
-    layout = ServeLayout.on_free_ports(args.host, args.port, tp, args.router_processes, args.pd)
+    num_ranks = args.tensor_parallel_size * args.pipeline_parallel_size
+    layout = ServeLayout.on_free_ports(args.host, args.port, num_ranks, args.router_processes, args.pd)
     tokenizer = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
     router = [*tokenizer, *access_flags(args), *router_flags(args)]
     # metrics ports: router, scheduler, the worker's ranks, the other routers, then a prefill replica's scheduler and
     # worker ranks
     worker, scheduler, prefill_worker, prefill_scheduler = (
         operations_flags(args, metrics_port_offset=offset)
-        for offset in (2, 1, tp + args.router_processes + 2, tp + args.router_processes + 1))
-    routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + tp + i)
+        for offset in (2, 1, num_ranks + args.router_processes + 2, num_ranks + args.router_processes + 1))
+    routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + num_ranks + i)
                for i in range(args.router_processes)]
     signals = StopSignals()
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
@@ -131,13 +131,17 @@ def _serve(args) -> None:
 
 
 def _add_worker(commands) -> None:
-    command = commands.add_parser("worker", help="run one worker (data plane), or with -tp N the N ranks of one "
-                                                 "model replica")
+    command = commands.add_parser("worker", help="run one worker (data plane), or with -tp N -pp P the N x P ranks "
+                                                 "of one model replica")
     command.add_argument("--listen", default="127.0.0.1:50053",
-                         help="HOST:PORT; for -tp N without --rank, one address per rank (comma-separated, rank "
-                              "order) or one HOST:PORT for ports PORT..PORT+N-1")
+                         help="HOST:PORT; for -tp N -pp P without --rank, one address per rank (comma-separated, "
+                              "rank order) or one HOST:PORT for ports PORT..PORT+N*P-1")
     command.add_argument("--rank", type=int,
-                         help="run only this tensor-parallel rank (the ranks meet at --dist-init-address)")
+                         help="run only this rank: tensor-parallel rank RANK %% N of pipeline stage RANK // N (the "
+                              "ranks meet at --dist-init-address)")
+    command.add_argument("--pp-rank", type=int,
+                         help="run only this pipeline stage's -tp ranks (ranks PP_RANK * N .. PP_RANK * N + N - 1), "
+                              "meeting the other stages' at --dist-init-address: one host per stage")
     command.add_argument("--dist-init-address", help="HOST:PORT where rank 0 listens for the other ranks")
     add_worker_options(command)
     add_operations_options(command)
@@ -149,7 +153,7 @@ def _worker(args) -> None:
     from sluice.cli.rank_group import rank_device, run_rank_group
     from sluice.worker.server import serve
 
-    if args.tensor_parallel_size > 1 and args.rank is None:
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1 and args.rank is None:
         sys.exit(run_rank_group(args, operations_flags))
     rank = args.rank or 0
     config = worker_config(args, model=args.model or str(default_model()), device=rank_device(args.device, rank),
@@ -161,8 +165,8 @@ def _add_scheduler(commands) -> None:
     command = commands.add_parser("scheduler", help="run the scheduler (control plane)")
     command.add_argument("--listen", default="127.0.0.1:50052")
     command.add_argument("--worker", default="127.0.0.1:50053",
-                         help="the worker's address; for a tensor-parallel replica, every rank's, comma-separated "
-                              "in rank order")
+                         help="the worker's address; for a tensor- or pipeline-parallel replica, every rank's, "
+                              "comma-separated in rank order")
     add_scheduler_options(command)
     add_operations_options(command)
     command.set_defaults(run=_scheduler)

@@ -1,6 +1,8 @@
-"""`sluice worker -tp N` without --rank: the N tensor-parallel ranks of one model replica, as N worker processes on
-this machine that live and die together. When one exits, the others are stopped (their process group is broken)
-and this process exits, so whatever restarts it (`sluice serve`, a Kubernetes container) starts the group again."""
+"""`sluice worker -tp N -pp P` without --rank: the N x P ranks of one model replica (N tensor-parallel ranks in each
+of P pipeline stages), or with --pp-rank one stage's N, as worker processes on this machine that live and die
+together. When one exits, the others are stopped (their process group is broken) and this process exits, so
+whatever restarts it (`sluice serve`, a Kubernetes container) starts the group again; the other stages' ranks fail
+their next transfer with it, and their hosts start theirs again likewise."""
 import logging
 import signal
 import subprocess
@@ -22,7 +24,7 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def _group_device(device: str, rank: int) -> str:
-    """In a group on this machine, `cuda:K` runs rank r on cuda:K+r."""
+    """In a group on this machine, `cuda:K` runs its rank r (counted on this machine) on cuda:K+r."""
     if device.startswith("cuda:"):
         return f"cuda:{int(device.removeprefix('cuda:')) + rank}"
     return rank_device(device, rank)
@@ -38,18 +40,31 @@ def rank_addresses(listen: str, world_size: int) -> list[str]:
     return [f"{host}:{int(port) + rank}" for rank in range(world_size)]
 
 
+def group_ranks(args) -> range:
+    """The ranks this machine runs: every rank of the replica, or with --pp-rank K the tensor-parallel ranks of
+    stage K (the other stages run elsewhere, meeting at --dist-init-address)."""
+    if args.pp_rank is None:
+        return range(args.tensor_parallel_size * args.pipeline_parallel_size)
+    if not 0 <= args.pp_rank < args.pipeline_parallel_size:
+        raise SystemExit(f"--pp-rank must be in [0, {args.pipeline_parallel_size}), got {args.pp_rank}")
+    if not args.dist_init_address:
+        raise SystemExit("--pp-rank needs --dist-init-address, where the first stage's rank 0 meets every stage")
+    return range(args.pp_rank * args.tensor_parallel_size, (args.pp_rank + 1) * args.tensor_parallel_size)
+
+
 def run_rank_group(args, operations_flags) -> int:
     """Returns the exit code for this process: 0 after a signal stopped the ranks, else non-zero."""
     from sluice.cli.model_store import default_model
 
     args.model = args.model or default_model()
-    init_address = f"127.0.0.1:{free_port()}"
+    ranks = group_ranks(args)
+    init_address = args.dist_init_address or f"127.0.0.1:{free_port()}"
     processes = [
         subprocess.Popen([*sluice_command("--log-level", str(args.log_level), "worker"),
                           "--listen", address, "--rank", str(rank), "--dist-init-address", init_address,
-                          *worker_flags(args, device=_group_device(args.device, rank)),
-                          *operations_flags(args, metrics_port_offset=rank)])
-        for rank, address in enumerate(rank_addresses(args.listen, args.tensor_parallel_size))
+                          *worker_flags(args, device=_group_device(args.device, local_rank)),
+                          *operations_flags(args, metrics_port_offset=local_rank)])
+        for local_rank, (rank, address) in enumerate(zip(ranks, rank_addresses(args.listen, len(ranks))))
     ]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

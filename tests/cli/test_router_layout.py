@@ -14,7 +14,7 @@ def test_one_router_listens_on_the_router_port_alone():
 
 
 def test_several_routers_share_the_port_and_each_has_its_own():
-    layout = ServeLayout.on_free_ports(router_port=50051, tensor_parallel_size=2, router_processes=3)
+    layout = ServeLayout.on_free_ports(router_port=50051, num_ranks=2, router_processes=3)
     own = [f"127.0.0.1:{port}" for port in layout.router_own_ports]
     assert layout.router_processes == 3 and len(set(own)) == 3
     assert layout.router_listens == [f"127.0.0.1:50051,{address}" for address in own]

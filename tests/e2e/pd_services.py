@@ -60,7 +60,7 @@ def scraped(port: int, name: str) -> float:
 @contextmanager
 def running_pd_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
                         router_args: list[str] | None = None, tensor_parallel_size: int = 1):
-    layout = ServeLayout.on_free_ports(tensor_parallel_size=tensor_parallel_size, pd=True)
+    layout = ServeLayout.on_free_ports(num_ranks=tensor_parallel_size, pd=True)
     prefill_metrics, decode_metrics = free_ports(2)
     tensor_parallel = ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size > 1 else []
     workers = ["--model", str(model), *tensor_parallel, *worker_args]

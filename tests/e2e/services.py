@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.cli.launcher import ServeLayout, free_port, free_ports, start_services, stop_services, wait_until_serving
@@ -55,19 +56,24 @@ def traced_env(collector: TraceCollector) -> dict[str, str]:
 
 @contextmanager
 def running_services(model: Path | str, scheduler_args: list[str] = (), worker_args: list[str] = (),
-                     router_args: list[str] | None = None, tensor_parallel_size: int = 1):
-    """router_args default to the model's tokenizer. At tensor_parallel_size N, the worker process starts N ranks."""
-    layout = ServeLayout.on_free_ports(tensor_parallel_size=tensor_parallel_size)
+                     router_args: list[str] | None = None, tensor_parallel_size: int = 1,
+                     pipeline_parallel_size: int = 1, env: dict[str, str] | None = None):
+    """router_args default to the model's tokenizer. At tensor_parallel_size N and pipeline_parallel_size P, the
+    worker process starts N x P ranks. env: variables the services get besides this process's."""
+    num_ranks = tensor_parallel_size * pipeline_parallel_size
+    layout = ServeLayout.on_free_ports(num_ranks=num_ranks)
     router_metrics, scheduler_metrics = free_ports(2)
-    worker_metrics = free_ports(1, run=tensor_parallel_size)[0]  # rank r serves its metrics on this port + r
+    worker_metrics = free_ports(1, run=num_ranks)[0]  # rank r serves its metrics on this port + r
     metrics_ports = {"router": router_metrics, "scheduler": scheduler_metrics, "worker": worker_metrics}
     collector = TraceCollector()
-    env = traced_env(collector)
+    env = {**traced_env(collector), **(env or {})}
 
     def flags(service: str, *args) -> list[str]:
         return [*args, "--metrics-port", str(metrics_ports[service])]
 
     tensor_parallel = ["--tensor-parallel-size", str(tensor_parallel_size)] if tensor_parallel_size > 1 else []
+    if pipeline_parallel_size > 1:
+        tensor_parallel += ["--pipeline-parallel-size", str(pipeline_parallel_size)]
     processes = start_services(layout, flags("worker", "--model", str(model), *tensor_parallel, *worker_args),
                                flags("scheduler", *scheduler_args),
                                [flags("router", *(["--model", str(model)] if router_args is None else router_args))],
@@ -145,3 +151,9 @@ def generate_once_served(client: SluiceClient, request, timeout: float) -> list[
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, error
             time.sleep(0.2)
+
+
+def rank_process(group: subprocess.Popen, rank: int) -> psutil.Process:
+    """The process of `rank` among the ranks that a `sluice worker` of several started."""
+    return next(p for p in psutil.Process(group.pid).children()
+                if "--rank" in p.cmdline() and p.cmdline()[p.cmdline().index("--rank") + 1] == str(rank))

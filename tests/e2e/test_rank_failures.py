@@ -8,14 +8,13 @@ import threading
 import time
 
 import grpc
-import psutil
 import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
 from sluice.v1 import generation_pb2 as pb
 from sluice.worker.loading.dummy_weights import random_state_dict
-from tests.e2e.services import running_services, stream_to_its_end, wait_for_health
+from tests.e2e.services import rank_process, running_services, stream_to_its_end, wait_for_health
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +46,6 @@ def _request(max_tokens: int, **sampling) -> pb.GenerateRequest:
                               sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling))
 
 
-def _rank(group: subprocess.Popen, rank: int) -> psutil.Process:
-    return next(p for p in psutil.Process(group.pid).children()
-                if "--rank" in p.cmdline() and p.cmdline()[p.cmdline().index("--rank") + 1] == str(rank))
-
-
 def test_the_scheduler_survives_ranks_killed_and_stopped_again_and_again(tiny_llama):
     with running_services(tiny_llama, ["--step-timeout", str(STEP_TIMEOUT)], ["--dist-timeout", "10"],
                           router_args=["--no-tokenizer"], tensor_parallel_size=3) as services:
@@ -68,7 +62,7 @@ def test_the_scheduler_survives_ranks_killed_and_stopped_again_and_again(tiny_ll
                 assert started.acquire(timeout=60)
 
             group = services.processes[0]
-            rank = _rank(group, repetition % 3)
+            rank = rank_process(group, repetition % 3)
             rank.send_signal(signal.SIGSTOP if stop else signal.SIGKILL)
             for stream in streams:
                 stream.join(timeout=3 * STEP_TIMEOUT + 5)

@@ -1,6 +1,7 @@
 """Every option of the services' config dataclasses reaches the service that `sluice serve` starts: serve is given a
 value other than the default for each, and each service reports the settings it was started with, in the flags' own
-vocabulary. Two deployments between them set every option: speculative decoding needs an unsharded worker."""
+vocabulary. Two deployments between them set every option: speculative decoding needs an unsharded worker (no
+tensor or pipeline parallelism)."""
 import re
 import subprocess
 import tempfile
@@ -20,10 +21,12 @@ from sluice.worker.config import WorkerConfig
 
 pytestmark = pytest.mark.slow
 
-TENSOR_PARALLEL_SIZE = 2
+TENSOR_PARALLEL_SIZE = PIPELINE_PARALLEL_SIZE = 2
+SHARDING = ("tensor_parallel_size", "pipeline_parallel_size", "pp_layer_partition")
 WORKER = dict(model="SmolLM2-tiny", load_format="dummy", dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8",
               calculate_kv_scales=True, device="cpu:0", kv_cache_gib=0.25, gpu_memory_utilization=0.5,
               enforce_eager=True, dependent_launch=False, kernels="torch", tensor_parallel_size=TENSOR_PARALLEL_SIZE,
+              pipeline_parallel_size=PIPELINE_PARALLEL_SIZE, pp_layer_partition="1,1",
               enable_expert_parallel=True, dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy",
               compile_cache=str(Path(tempfile.gettempdir()) / "sluice-serve-options-compile-cache"),
               kv_role="prefill")
@@ -47,11 +50,11 @@ def test_every_option_has_a_value_other_than_its_default(config_type):
     assert [name for name, value in values.items() if value == defaults[name]] == []
 
 
-@pytest.mark.parametrize("left_default", ["speculative_method", "tensor_parallel_size"])
+@pytest.mark.parametrize("left_default", [("speculative_method",), SHARDING], ids=["speculative_method", "sharding"])
 def test_serve_hands_every_option_to_its_service(left_default):
-    worker = {name: value for name, value in WORKER.items() if name != left_default}
-    scheduler = {name: value for name, value in SCHEDULER.items() if name != left_default}
-    ranks = worker.get("tensor_parallel_size", 1)
+    worker = {name: value for name, value in WORKER.items() if name not in left_default}
+    scheduler = {name: value for name, value in SCHEDULER.items() if name not in left_default}
+    ranks = worker.get("tensor_parallel_size", 1) * worker.get("pipeline_parallel_size", 1)
     metrics_port = free_ports(1, run=2 + ranks)[0]
     settings = {WorkerConfig: worker, SchedulerConfig: scheduler, RouterConfig: ROUTER, Operations: OPERATIONS}
     flags = [flag for config_type, values in settings.items() for flag in as_flags(values, config_type)]
@@ -72,8 +75,10 @@ def test_serve_hands_every_option_to_its_service(left_default):
 
 
 def _reported(config_type, values: dict) -> list[str]:
-    """What a service reports when values set some of config_type's options: those, and the defaults of the rest."""
-    return as_flags({**{f.name: f.default for f in option_fields(config_type)}, **values}, config_type)
+    """What a service reports when values set some of config_type's options: those, and the defaults of the rest, as
+    the report's words (an empty default leaves none)."""
+    flags = as_flags({**{f.name: f.default for f in option_fields(config_type)}, **values}, config_type)
+    return " ".join(flags).split()
 
 
 def _reports(serve: subprocess.Popen, expected: int, timeout: float = 120.0) -> dict[str, list[list[str]]]:

@@ -1,6 +1,7 @@
 """Every manifest of k8s/ (the base and each overlay, rendered by the real kustomize) is valid against the Kubernetes
 schemas and keeps the operational promises: native gRPC probes, drains that fit the grace period, headless Services,
 OTel wiring, compiled kernels kept on a volume."""
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ from sluice.cli.main import build_parser
 
 K8S = Path(__file__).parents[2] / "k8s"
 KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu",
-                  "gateway": K8S / "overlays" / "gateway",
+                  "gateway": K8S / "overlays" / "gateway", "gpu-pipeline": K8S / "overlays" / "gpu-pipeline",
                   "gpu-shared-compile-cache": K8S / "overlays" / "gpu-shared-compile-cache", "pd": K8S / "overlays" / "pd"}
 READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
 CLOSE_SECONDS = 10  # a process's own stop after its drain: its server, its spans, a worker's ranks (5 s)
@@ -38,11 +39,18 @@ def rendered(request) -> list[dict]:
 
 
 def _all_containers(documents: list[dict]):
+    """Each container with its args as Kubernetes passes them: $(NAME) replaced by the container's variable NAME
+    (one from the pod's index, as the first pod's)."""
     for document in documents:
         template = document.get("spec", {}).get("template")
         if document["kind"] in ("Deployment", "StatefulSet"):
             for container in template["spec"]["containers"]:
-                yield template["spec"], container
+                yield template["spec"], {**container, "args": _expanded(container)}
+
+
+def _expanded(container: dict) -> list[str]:
+    values = {variable["name"]: variable.get("value", "0") for variable in container.get("env", [])}
+    return [re.sub(r"\$\((\w+)\)", lambda name: values[name[1]], arg) for arg in container.get("args", [])]
 
 
 def _containers(documents: list[dict]):
@@ -132,13 +140,31 @@ def test_workers_get_shared_memory_and_the_gpu_overlay_asks_for_gpus():
         assert (gpus is not None) == name.startswith("gpu")
         assert (_option(worker["args"], "device") == "cuda") == name.startswith("gpu")
         if gpus is not None:  # one GPU per tensor-parallel rank, and the scheduler dials every rank
-            tensor_parallel_size = _option(worker["args"], "tensor_parallel_size")
-            assert gpus == tensor_parallel_size > 1
-            scheduler = next(c for _, c in _containers(render(directory)) if c["name"] == "scheduler")
-            ranks = _option(scheduler["args"], "worker").split(",")
-            assert ranks == [f"sluice-worker-0.sluice-worker:{50053 + rank}" for rank in range(gpus)]
-            for rank in range(1, gpus):
-                assert {"name": f"grpc-rank{rank}", "containerPort": 50053 + rank} in worker["ports"]
+            _assert_gpus_and_ranks(render(directory), worker, gpus)
+
+
+def _assert_gpus_and_ranks(documents: list[dict], worker: dict, gpus: int) -> None:
+    """A pod per pipeline stage, with a GPU per tensor-parallel rank of it; the scheduler dials every rank in rank
+    order; the stages' pods run their own stages (--pp-rank from the pod's index) and meet at the first pod."""
+    tensor_parallel_size = _option(worker["args"], "tensor_parallel_size")
+    pipeline_parallel_size = _option(worker["args"], "pipeline_parallel_size")
+    assert gpus == tensor_parallel_size > 1
+    workers = next(d for d in documents if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "sluice-worker")
+    assert workers["spec"]["replicas"] == pipeline_parallel_size
+    scheduler = next(c for _, c in _containers(documents) if c["name"] == "scheduler")
+    ranks = _option(scheduler["args"], "worker").split(",")
+    assert ranks == [f"sluice-worker-{stage}.sluice-worker:{50053 + rank}"
+                     for stage in range(pipeline_parallel_size) for rank in range(gpus)]
+    for rank in range(1, gpus):
+        assert {"name": f"grpc-rank{rank}", "containerPort": 50053 + rank} in worker["ports"]
+    if pipeline_parallel_size > 1:
+        stage = next(v for v in worker["env"] if v["name"] == "PIPELINE_STAGE")
+        assert stage["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+        assert "--pp-rank=$(PIPELINE_STAGE)" in next(c for c in workers["spec"]["template"]["spec"]["containers"]
+                                                      if c["name"] == "worker")["args"]
+        host, port = _option(worker["args"], "dist_init_address").rsplit(":", 1)
+        assert host == "sluice-worker-0.sluice-worker" and workers["spec"]["serviceName"] == "sluice-worker"
+        assert {"name": "dist", "containerPort": int(port)} in worker["ports"]
 
 
 def test_workers_keep_compiled_kernels_on_a_volume_of_their_pod_or_on_a_shared_claim():

@@ -33,9 +33,10 @@ def cycling_model(context: list[int]) -> int:
     return 1 + (context[-1] * 5 + (2 if len(context) % 7 == 0 else 1)) % 12
 
 
-def make_scheduler(num_blocks: int = 64, attention_window: int = 0, **config) -> Scheduler:
+def make_scheduler(num_blocks: int = 64, attention_window: int = 0, pipeline_parallel_size: int = 1,
+                   **config) -> Scheduler:
     return Scheduler(SchedulerConfig(num_blocks=num_blocks, **config), eos_token_ids={EOS},
-                     attention_window=attention_window)
+                     attention_window=attention_window, pipeline_parallel_size=pipeline_parallel_size)
 
 
 @dataclass

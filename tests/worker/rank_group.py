@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from sluice.cli.launcher import free_port
-from sluice.worker.parallel.group import join_group
+from sluice.worker.parallel.group import join_replica
 
 
 def run_on_ranks(function, world_size: int, *args) -> None:
@@ -19,7 +19,7 @@ def run_on_ranks(function, world_size: int, *args) -> None:
 
 def _rank_main(rank: int, world_size: int, address: str, function, args) -> None:
     torch.set_num_threads(1)  # the ranks share the machine's cores
-    group = join_group(rank, world_size, address, torch.device("cpu"), timedelta(seconds=60))
+    group = join_replica(rank, world_size, 1, address, torch.device("cpu"), timedelta(seconds=60)).tensor
     try:
         function(group, *args)
         dist.barrier()  # the ranks leave together: none tears its connections down while another still uses them

@@ -64,7 +64,8 @@ def test_checkpoint_is_its_dequantized_model(checkpoints, name):
     assert (layers[0].self_attn.qkv_proj.perm is not None) == variant.act_order
     for ignored in variant.ignore:
         layer, module = ignored.removeprefix("model.layers.").split(".", 1)
-        assert type(layers[int(layer)].get_submodule(module)) is torch.nn.Linear
+        unquantized = layers[int(layer)].get_submodule(module)
+        assert not isinstance(unquantized, W4A16Linear) and unquantized.weight.dtype == torch.float32
     with torch.inference_mode():
         expected = hf(torch.tensor([PROMPTS[2]])).logits[0]
     torch.testing.assert_close(prompt_logits(engine, PROMPTS[2]), expected, atol=1e-4, rtol=1e-4)

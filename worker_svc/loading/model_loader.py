@@ -12,15 +12,18 @@ from sluice.worker.loading.w4a16_checkpoint import W4A16_METHODS
 from sluice.worker.loading.weights import load_checkpoint, to_worker_layout
 from sluice.worker.models.config import ModelConfig
 from sluice.worker.models.decoder import DecoderLM
-from sluice.worker.models.families import model_classes
+from sluice.worker.models.families import FAMILY_MODELS, model_classes
 from sluice.worker.models.moe import keep_stored_expert_precision
+from sluice.worker.models.pipeline_stage import PipelineStageLM, cut_to_stage
 from sluice.worker.models.registry import ARCHITECTURES, traits_for
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, keep_stored_precision, quantize_linear_weights
 from sluice.worker.ops.fp8_gemm import emulated_fp8_linear, fp8_gemm_for
+from sluice.worker.ops.packed_linear import pack_linears, packs_linears
 from sluice.worker.ops.plain_torch import TorchOps
 from sluice.worker.ops.w4a16 import as_w4a16_experts, as_w4a16_linears
 from sluice.worker.parallel.group import TensorParallelGroup
+from sluice.worker.parallel.pipeline import PipelineStage, layer_partition
 
 Checkpoint = tuple[ModelConfig, dict[str, torch.Tensor]]  # a model's config and the rank's weights, worker layout
 
@@ -30,20 +33,27 @@ class LoadedModel:
     """The models a worker runs, on its device: the target and, for speculative method "draft", a draft model."""
 
     config: ModelConfig  # the whole model's
-    local_config: ModelConfig  # the rank's part of it: its heads, intermediate and vocabulary columns
+    # the rank's part of it: its heads, intermediate and vocabulary columns, and its pipeline stage's layers
+    # (num_layers: those whose KV it holds)
+    local_config: ModelConfig
     ops: TorchOps  # the operators every module of both models calls
-    model: DecoderLM  # in a tensor-parallel group, the rank's part of the target
+    model: DecoderLM | PipelineStageLM  # in a tensor-parallel group or a pipeline stage, the rank's part of the target
     draft_config: ModelConfig | None = None  # a smaller model of the same vocabulary
     draft_model: DecoderLM | None = None
+    stage: PipelineStage | None = None  # the rank's pipeline stage, its layers set
 
 
 class ModelLoader:
     """Reads a worker's checkpoints (or random weights of a named shape) and builds its models on the operators its
-    device runs. In a tensor-parallel group, only the rank's shards of the weights are materialised."""
+    device runs. In a tensor-parallel group, only the rank's shards of the weights are materialised; in a pipeline
+    stage, only its layers' (and the embedding's, the final norm's and the LM head's where the stage runs them)."""
 
-    def __init__(self, config: WorkerConfig, group: TensorParallelGroup | None = None):
+    def __init__(self, config: WorkerConfig, group: TensorParallelGroup | None = None,
+                 stage: PipelineStage | None = None):
+        """stage: the rank's pipeline stage, whose layers the model's config sets here."""
         self.config = config
         self.group = group
+        self.stage = stage
         self.device = torch.device(config.device)
 
     def load(self) -> LoadedModel:
@@ -71,10 +81,15 @@ class ModelLoader:
         layout = ShardLayout(model_config) if self.group is None else \
             ShardLayout(model_config, self.group.rank, self.group.world_size, self.config.enable_expert_parallel)
         ops = _operators(self.config, model_config)
-        loaded = LoadedModel(model_config, layout.local_config(), ops,
-                             self._build_model(model_config, state, ops, layout))
+        local_config, stage = layout.local_config(), self._stage_of(model_config)
+        if stage is not None:
+            local_config = replace(local_config, num_layers=len(stage.layers))
+            state = {name: tensor for name, tensor in state.items()
+                     if stage.holds(name) and (stage.is_first or not name.startswith("embed_tokens."))}
+        loaded = LoadedModel(model_config, local_config, ops, self._build_model(model_config, state, ops, layout,
+                                                                                stage), stage=stage)
         if draft is not None:
-            loaded.draft_config = _checked_draft_config(draft[0], model_config, self.group)
+            loaded.draft_config = _checked_draft_config(draft[0], model_config, self.group or stage)
             draft_state = with_kv_scales(draft[1], loaded.draft_config.num_layers)
             loaded.draft_model = self._build_model(loaded.draft_config, draft_state, ops)
         return loaded
@@ -92,16 +107,31 @@ class ModelLoader:
                 method = self.config.quantization
                 return replace(model_config, quantization=method), as_dummy_w4a16(state, method)
             return model_config, state
-        return load_checkpoint(Path(model), rank, world_size, self.config.enable_expert_parallel)
+        return load_checkpoint(Path(model), rank, world_size, self.config.enable_expert_parallel,
+                               None if self.stage is None else lambda config: self._stage_of(config).holds)
+
+    def _stage_of(self, model_config: ModelConfig) -> PipelineStage | None:
+        """The rank's pipeline stage with its layers; a family with a decoder module of its own is not split."""
+        if self.stage is None:
+            return None
+        if model_config.architecture in FAMILY_MODELS:
+            raise ValueError(f"pipeline parallelism does not split {model_config.architecture} yet (only the "
+                             "Llama-family decoders); serve it at pipeline_parallel_size 1")
+        partition = layer_partition(model_config.num_layers, self.stage.num_stages, self.config.pp_layer_partition)
+        return replace(self.stage, layers=partition[self.stage.index])
 
     def _build_model(self, model_config: ModelConfig, state: dict[str, torch.Tensor], ops: TorchOps,
-                     layout: ShardLayout | None = None) -> DecoderLM:
-        """The target (in a group, the rank's part of it, as layout cuts it) or, of another config, the draft model."""
+                     layout: ShardLayout | None = None,
+                     stage: PipelineStage | None = None) -> DecoderLM | PipelineStageLM:
+        """The target (in a group, the rank's part of it, as layout cuts it; in a pipeline stage, the stage's
+        layers) or, of another config, the draft model."""
         traits = traits_for(model_config.architecture)
         whole_model, rank_model = model_classes(model_config.architecture)
         with torch.device("meta"):
             model = whole_model(model_config, traits, ops) if self.group is None else \
                 rank_model(layout, traits, ops, self.group)
+            if stage is not None:
+                cut_to_stage(model, stage)
             keep_stored_precision(model, state)
             as_w4a16_linears(model, state)
             as_w4a16_experts(model, state)
@@ -109,9 +139,11 @@ class ModelLoader:
         _check_weight_names(model_config.architecture, set(model.state_dict()), set(state))
         model.load_state_dict({name: self._placed(name, tensor) for name, tensor in state.items()}, strict=True,
                               assign=True)
-        if model_config.tie_word_embeddings:
+        if model_config.tie_word_embeddings and stage is None:
             model.lm_head.weight = model.embed_tokens.weight
-        return model.eval()
+        if self.config.kernels == "auto" and packs_linears(self.device, self.config.torch_dtype):
+            pack_linears(model)
+        return model.eval() if stage is None else PipelineStageLM(model.eval(), stage, self.config.torch_dtype)
 
     def _placed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor on the device, in the model dtype unless it is an FP8 weight, a float32 scale (a weight's, or
@@ -145,12 +177,14 @@ def _check_quantization_flag(flag: str, stored: str | None) -> None:
                          f"--quantization auto or {stored}")
 
 
-def _checked_draft_config(draft: ModelConfig, target: ModelConfig, group: TensorParallelGroup | None) -> ModelConfig:
+def _checked_draft_config(draft: ModelConfig, target: ModelConfig,
+                          group: TensorParallelGroup | PipelineStage | None) -> ModelConfig:
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({draft.vocab_size} tokens) is not the target's "
                          f"({target.vocab_size}): a draft must share the target's tokenizer")
     if group is not None:
-        raise ValueError("a draft model needs an unsharded worker (tensor-parallel size 1)")
+        raise ValueError("a draft model (speculative decoding) needs an unsharded worker (tensor- and "
+                         "pipeline-parallel size 1)")
     return draft
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,16 +24,21 @@ log = logging.getLogger("sluice.worker")
 _BLOCK_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")  # fp8's and compressed-tensors' names
 
 
-def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1,
-                    expert_parallel: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The whole model's config, and the weights of tensor-parallel rank `rank` of world_size (see shard_layout)."""
+WeightFilter = Callable[[ModelConfig], Callable[[str], bool]]  # a model's config -> whether to read a weight
+
+
+def load_checkpoint(path: Path, rank: int = 0, world_size: int = 1, expert_parallel: bool = False,
+                    wanted: WeightFilter | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The whole model's config, and the weights of tensor-parallel rank `rank` of world_size (see shard_layout);
+    wanted: which weights, by their checkpoint names, a Hugging Face folder's model reads (None: every one; a
+    pipeline stage reads its own)."""
     if path.suffix == ".gguf":
         return _load_gguf(path, rank, world_size)
-    return _load_hf_folder(path, rank, world_size, expert_parallel)
+    return _load_hf_folder(path, rank, world_size, expert_parallel, wanted or (lambda config: lambda name: True))
 
 
-def _load_hf_folder(folder: Path, rank: int, world_size: int,
-                    expert_parallel: bool) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_hf_folder(folder: Path, rank: int, world_size: int, expert_parallel: bool,
+                    wanted: WeightFilter) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Reads only the rank's slice of each sharded tensor from the files (a block-wise FP8 weight whole, to quantize it
     again per channel, but an expert's, which keeps its blocks; MXFP4 experts whole, to dequantize them). A
     quantization_config the worker cannot load fails here, before any weight is read (fp8_checkpoint.py,
@@ -51,6 +57,7 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
                                  activation_absmax_bound=activation_absmax_bound(hf_config),
                                  expert_weight_block=None if config.moe is None else block)
     layout = ShardLayout(config, rank, world_size, expert_parallel)
+    reads = wanted(config)
     prefixes = traits_for(config.architecture).checkpoint_prefixes
     files = sorted(folder.glob("*.safetensors"))
     block_scales = _block_scales(files, prefixes) if block else {}
@@ -65,6 +72,8 @@ def _load_hf_folder(folder: Path, rank: int, world_size: int,
         with safe_open(shard, framework="pt") as file:
             for stored in file.keys():
                 name = published_name(stored, prefixes)
+                if not reads(name):
+                    continue
                 module, _, suffix = name.rpartition(".")
                 if w4a16 and suffix in w4a16.tensor_names:
                     if layout.holds(f"{module}.weight"):
@@ -151,7 +160,7 @@ def to_worker_layout(hf_state: dict[str, torch.Tensor], config: ModelConfig) -> 
                 names = [f"{prefix}{part}.{kind}" for part in parts]
                 if names[0] in state:
                     state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(name) for name in names])
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings and "embed_tokens.weight" in state:  # a middle pipeline stage reads neither
         state["lm_head.weight"] = state["embed_tokens.weight"]
     return state
 

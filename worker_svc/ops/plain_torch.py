@@ -9,13 +9,14 @@ from torch import nn
 from sluice.worker.ops.attention_metadata import AttentionMetadata
 from sluice.worker.ops.fp8 import FP8, to_fp8
 from sluice.worker.ops.fp8_gemm import Fp8Gemm, emulated_block_fp8_linear, emulated_fp8_linear
+from sluice.worker.ops.packed_linear import PackedLinear
 from sluice.worker.ops.w4a16 import W4A16ExpertWeights, W4A16Linear
 
 
 class TorchOps:
     """Plain-torch operators, numerically aligned with Hugging Face transformers. The CPU path. Linear layers are
-    nn.Linear, fp8.Fp8Linear (fp8_gemm computes them) or w4a16.W4A16Linear modules (dequantized, then multiplied,
-    as kernels.w4a16_linear_ref does). KV caches are in the model dtype, or e4m3
+    nn.Linear, packed_linear.PackedLinear (oneDNN), fp8.Fp8Linear (fp8_gemm computes them) or w4a16.W4A16Linear
+    modules (dequantized, then multiplied, as kernels.w4a16_linear_ref does). KV caches are in the model dtype, or e4m3
     with a float32 k_scale / v_scale each (stored = x / scale, read back as stored * scale in float32)."""
 
     def __init__(self, fp8_gemm: Fp8Gemm = emulated_fp8_linear):
@@ -37,6 +38,8 @@ class TorchOps:
         return self.rms_norm(residual, weight, eps, gemma_norm), residual
 
     def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        if isinstance(layer, PackedLinear):
+            return layer(x)
         if isinstance(layer, W4A16Linear):
             from sluice.kernels.w4a16 import w4a16_linear_ref  # imports Triton: only where a 4-bit model runs
 
@@ -180,30 +183,31 @@ class TorchOps:
         a query at position p reads the keys after p - sliding_window only; softcap > 0: scores become
         softcap * tanh(score / softcap); sinks: a float32 logit per query head that joins each softmax's denominator
         and adds no value (gpt-oss)."""
-        # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys.
+        # Pads the step's chunks into [num_seqs, max_query_len] queries against [num_seqs, max_seq_len] gathered keys;
+        # a decode step's queries are one a sequence already.
         num_heads, head_dim = q.shape[1:]
-        block_size = key_cache.shape[1]
-        num_blocks = -(-meta.max_seq_len // block_size)
-        tables = meta.block_tables[:, :num_blocks].long()
-        # [num_seqs, max_seq_len, num_kv_heads, head_dim]
-        k = _values(key_cache[tables].flatten(1, 2)[:, : meta.max_seq_len], k_scale, q.dtype)
-        v = _values(value_cache[tables].flatten(1, 2)[:, : meta.max_seq_len], v_scale, q.dtype)
-
-        padded_q = q.new_zeros(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
-        padded_q[meta.token_seq_index, meta.token_query_pos] = q
+        k, v = _context(key_cache, meta, k_scale, q.dtype), _context(value_cache, meta, v_scale, q.dtype)
+        if meta.is_pure_decode:
+            padded_q = q.view(meta.num_seqs, 1, num_heads, head_dim)
+        else:
+            padded_q = q.new_zeros(meta.num_seqs, meta.max_query_len, num_heads, head_dim)
+            padded_q[meta.token_seq_index, meta.token_query_pos] = q
         query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
         first_query_pos = (meta.seq_lens - query_lens).long()
         query_pos = first_query_pos[:, None] + torch.arange(meta.max_query_len)[None]  # [num_seqs, max_query_len]
         key_pos = torch.arange(meta.max_seq_len)[None, None]
-        mask = key_pos <= query_pos[:, :, None]
+        mask = key_pos <= query_pos[:, :, None]  # [num_seqs, max_query_len, max_seq_len]
         if sliding_window:
             mask &= key_pos > query_pos[:, :, None] - sliding_window
-        q, k, v = padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if softcap or sinks is not None:
-            attended = _explicit_attention(q, k, v, mask[:, None], scale, softcap, sinks)
+        padded_q = padded_q.transpose(1, 2)
+        if meta.is_pure_decode or softcap or sinks is not None:
+            attended = _explicit_attention(padded_q, k, v, mask, scale, softcap, sinks)
         else:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=True)
-        attended = attended.transpose(1, 2)[meta.token_seq_index, meta.token_query_pos]
+            attended = F.scaled_dot_product_attention(padded_q, k, v, attn_mask=mask[:, None], scale=scale,
+                                                      enable_gqa=True)
+        attended = attended.transpose(1, 2)
+        attended = attended.view(q.shape) if meta.is_pure_decode else attended[meta.token_seq_index,
+                                                                               meta.token_query_pos]
         return attended if out is None else out.copy_(attended)
 
     @staticmethod
@@ -218,21 +222,25 @@ class TorchOps:
 
 
 def _explicit_attention(q, k, v, mask, scale: float, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Attention with its scores written out, as transformers' eager attention computes soft-capping and sinks:
-    q [seqs, heads, queries, dim], k and v [seqs, kv_heads, keys, dim], mask [seqs, 1, queries, keys]."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    """Attention with its scores written out, as transformers' eager attention computes soft-capping and sinks, each
+    KV head's query heads in one product: q [seqs, heads, queries, dim], k and v [seqs, kv_heads, keys, dim], mask
+    [seqs, queries, keys]. A decode step's one query a sequence takes this path too: it reads each key once for
+    the group, where the CPU's flash attention kernel costs more than the product (and much more in bfloat16)."""
+    seqs, heads, queries, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    grouped = q.reshape(seqs, kv_heads, group * queries, dim)
+    scores = (torch.matmul(grouped, k.transpose(2, 3)) * scale).view(seqs, kv_heads, group, queries, -1)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     if sinks is not None:
-        sink_column = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+        sink_column = sinks.view(1, kv_heads, group, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
         scores = torch.cat([scores, sink_column], dim=-1)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if sinks is not None:
         probs = probs[..., :-1]
-    return torch.matmul(probs, v)
+    return torch.matmul(probs.view(seqs, kv_heads, group * queries, -1), v).view(seqs, heads, queries, dim)
 
 
 def _expert_weight(weights: torch.Tensor | W4A16ExpertWeights, expert: int):
@@ -251,8 +259,18 @@ def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: tor
     cache[slots // block_size, slots % block_size] = x if scale is None else to_fp8(x, scale)
 
 
-def _values(cached: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    return cached if scale is None else (cached.float() * scale).to(dtype)
+def _context(cache: torch.Tensor, meta: AttentionMetadata, scale: torch.Tensor | None,
+             dtype: torch.dtype) -> torch.Tensor:
+    """Every sequence's cached keys (or values), [num_seqs, num_kv_heads, max_seq_len, head_dim], gathered whole
+    block by block in one copy from the cache's head-major storage (kv_cache.allocate_kv_cache), dequantized from
+    an FP8 cache."""
+    block_size = cache.shape[1]
+    tables = meta.block_tables[:, : -(-meta.max_seq_len // block_size)].long()
+    stored = cache.transpose(1, 2)  # [num_blocks, num_kv_heads, block_size, head_dim]
+    heads = torch.arange(stored.shape[1])
+    # [num_seqs, num_kv_heads, blocks, block_size, head_dim] -> [num_seqs, num_kv_heads, max_seq_len, head_dim]
+    context = stored[tables[:, None, :], heads[None, :, None]].flatten(2, 3)[:, :, : meta.max_seq_len]
+    return context if scale is None else (context.float() * scale).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """ModelRunner: a StepPlan launched as tensors through the model and the sampler, its outcome collected."""
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -37,12 +38,20 @@ class LaunchedStep:
     prompt_logprobs: LogprobTensors | None = None
     outcome: StepOutcome | None = None
 
+    @property
+    def arriving(self) -> Future | None:
+        """On a pipeline stage before the last: done once the sampled tokens have come from the last stage."""
+        return None if self.sample is None else self.sample.arriving
+
     def ready(self) -> bool:
         """Whether the sampled tokens are on the host (a query that never blocks)."""
-        return self.copied is None or self.copied.query()
+        arrived = self.arriving is None or self.arriving.done()
+        return arrived and (self.copied is None or self.copied.query())
 
     def wait(self) -> None:
         """Blocks until the sampled tokens are on the host."""
+        if self.arriving is not None:
+            self.arriving.result()
         if self.copied is not None:
             self.copied.synchronize()
 

@@ -1,5 +1,6 @@
 """StepSampler: a step's rows sampled in one pass on the device, with logprobs where asked."""
 import random
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ class DeviceSample:
     last_accepted_rows: torch.Tensor | None = None  # [len(request_ids)] int64, with proposals: the logits row of
     # each request's last accepted token (its newest token's row where it accepted none)
     drafts: Drafts | None = None  # a draft model's proposals, whose ids reach spec_token_ids once on the host
+    arriving: Future | None = None  # on the CPU, at a pipeline stage before the last: done once token_ids is filled
 
 
 @dataclass(slots=True)

@@ -124,7 +124,7 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_routers_serve
     from sluice.client import scheduler_load
 
-    layout = ServeLayout.on_free_ports(tensor_parallel_size=args.tensor_parallel_size,
+    layout = ServeLayout.on_free_ports(num_ranks=args.tensor_parallel_size * args.pipeline_parallel_size,
                                        router_processes=args.router_processes)
     router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
     processes = start_services(layout, worker_flags(args), scheduler_flags(args),
@@ -153,8 +153,9 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
 
 
 def _offline_engine(args, enable_prefix_caching: bool):
-    if args.tensor_parallel_size > 1:
-        raise SystemExit("--in-process runs one worker; a tensor-parallel replica is measured through the gRPC stack")
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+        raise SystemExit("--in-process runs one worker; a tensor- or pipeline-parallel replica is measured through "
+                         "the gRPC stack")
     use_compile_cache(args.compile_cache)
     from sluice.cli.offline import OfflineEngine
     from sluice.worker.engine import WorkerEngine
