@@ -10,6 +10,7 @@ from sluice.core.options import as_flags
 from sluice.router.chat_prompts import ChatPrompts
 from sluice.router.config import RouterConfig
 from sluice.router.multimodal.vision_prompts import VisionPrompts, model_takes_images
+from sluice.router.schedulers.disaggregated_pool import DisaggregatedPool
 from sluice.router.schedulers.pool import SchedulerPool
 from sluice.router.servicer import GenerationServicer
 from sluice.router.telemetry.metrics import RouterMetrics
@@ -29,12 +30,15 @@ log = logging.getLogger("sluice.router")
 
 async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], addresses: list[str],
                 operations: Operations, interceptors=(), credentials: grpc.ServerCredentials | None = None,
-                scheduler_timeout: float = 600.0, config: RouterConfig | None = None, share_port: bool = False) -> None:
+                scheduler_timeout: float = 600.0, config: RouterConfig | None = None, share_port: bool = False,
+                prefill_scheduler_addresses: list[str] = ()) -> None:
     """tokenizer_path None: no tokenizer, requests carry token ids and responses only token ids. Not ready until
     every scheduler is, then ready while any is connected; on shutdown, new calls get UNAVAILABLE while the streams
     in flight finish. A client message over config.max_receive_bytes gets RESOURCE_EXHAUSTED. Serves
     sluice.v1.Generation and, for gateways such as smg, vLLM's engine protocol, on every address; with share_port,
-    router processes that listen on the same port take a share of its connections each."""
+    router processes that listen on the same port take a share of its connections each. With
+    prefill_scheduler_addresses, each request prefills on one of those replicas and decodes on one of
+    scheduler_addresses (prefill/decode disaggregation)."""
     config = config or RouterConfig()
     log.info("router settings: %s", " ".join(as_flags(config, RouterConfig)))
     takes_images = model_takes_images(tokenizer_path)
@@ -42,6 +46,8 @@ async def serve(tokenizer_path: Path | None, scheduler_addresses: list[str], add
                        config.max_receive_bytes(takes_images), share_port) as service:
         port = await service.start(*addresses)
         pool = SchedulerPool(scheduler_addresses)
+        if prefill_scheduler_addresses:
+            pool = DisaggregatedPool(SchedulerPool(prefill_scheduler_addresses), pool)
         try:
             model_info = await service.unless_shutdown(_model_info_once_ready(pool, scheduler_timeout))
             if model_info is None:
@@ -73,6 +79,6 @@ def _chat_prompts(tokenizer_path: Path | None, model_info: generation_pb2.ModelI
     return ChatPrompts(tokenizer, vision, config, model_info.model)
 
 
-async def _model_info_once_ready(pool: SchedulerPool, timeout: float) -> generation_pb2.ModelInfo:
+async def _model_info_once_ready(pool: SchedulerPool | DisaggregatedPool, timeout: float) -> generation_pb2.ModelInfo:
     await asyncio.gather(*(wait_until_serving(link.channel, SCHEDULER_SERVICE_NAME, timeout) for link in pool.links))
     return await pool.model_info(timeout=timeout)

@@ -27,6 +27,22 @@ def validate_request(request: Request, config: SchedulerConfig) -> None:
                                             f"exceeds the KV cache ({pool_tokens} tokens)")
 
 
+def validate_kv_transfer(request: Request, config: SchedulerConfig) -> None:
+    params = request.kv_transfer
+    if params is None:
+        return
+    leg, role = ("do_remote_decode", "prefill") if params.do_remote_decode else ("do_remote_prefill", "decode")
+    if params.do_remote_decode and params.do_remote_prefill:
+        raise InvalidArgument("kv_transfer", "set one of do_remote_decode and do_remote_prefill")
+    if config.kv_role != role:
+        raise InvalidArgument(f"kv_transfer.{leg}", f"this replica's kv_role is {config.kv_role!r}, not {role!r}")
+    if request.sampling_params.n != 1:
+        raise InvalidArgument("n", "a disaggregated request has one sample")
+    if params.do_remote_prefill and not (params.remote_host and params.remote_port and params.remote_request_id):
+        raise InvalidArgument("kv_transfer.remote_host", "a decode leg names the prefill replica (remote_host, "
+                                                         "remote_port) and its lease (remote_request_id)")
+
+
 def check_queue_room(request: Request, waiting: WaitingQueue, config: SchedulerConfig) -> None:
     if len(waiting) >= config.max_waiting_requests:
         raise ResourceExhausted(f"{len(waiting)} requests are waiting (max_waiting_requests)")

@@ -1,6 +1,7 @@
 """The scheduler's settings: the KV block pool, the step's budgets, admission, speculative decoding."""
 from dataclasses import dataclass
 
+from sluice.core.kv_transfer import KV_ROLES
 from sluice.core.options import option
 
 POLICIES = ("priority", "fcfs")
@@ -38,6 +39,15 @@ class SchedulerConfig:
     step_timeout: float = option(60.0, help="seconds a step's result may be overdue (a step of the whole token "
                                             "budget gets twice as long) before the worker group is declared "
                                             "lost: its requests end with UNAVAILABLE and it is set up again")
+    kv_role: str = option("both", choices=KV_ROLES,
+                          help="prefill: requests that ask for a remote decode end at their first token, their "
+                               "prompt's full blocks held on lease for a decode replica; decode: requests that name "
+                               "a prefill replica's blocks pull those the prefix cache lacks before they run; both: "
+                               "neither (the workers must have the same role)")
+    kv_lease_timeout: float = option(30.0, help="seconds a prefill replica holds a request's blocks for the decode "
+                                                "replica that never pulls them")
+    kv_pull_timeout: float = option(10.0, help="seconds a decode replica waits for a pull of KV blocks before it "
+                                               "fails the request with UNAVAILABLE")
 
     def __post_init__(self):
         if self.num_blocks < 0:
@@ -57,6 +67,12 @@ class SchedulerConfig:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0, got {self.step_timeout}")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {list(KV_ROLES)}, got {self.kv_role!r}")
+        if self.kv_role == "decode" and not self.enable_prefix_caching:
+            raise ValueError("kv_role 'decode' needs prefix caching: pulled blocks join the prefix cache")
+        if self.kv_lease_timeout <= 0 or self.kv_pull_timeout <= 0:
+            raise ValueError("kv_lease_timeout and kv_pull_timeout must be > 0")
         if self.max_waiting_tokens < self.max_model_len:
             raise ValueError(f"max_waiting_tokens ({self.max_waiting_tokens}) must be >= max_model_len "
                              f"({self.max_model_len}), or some valid requests could never be queued")

@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 
 from sluice.core.errors import SluiceError
 from sluice.core.finish_reason import FinishReason
+from sluice.core.kv_transfer import KvTransferParams
 from sluice.core.logprobs import Logprobs
 
 
@@ -18,6 +19,7 @@ class RequestUpdate:
     logprobs: Logprobs | None = None  # of new_token_ids, where asked
     prompt_logprobs: Logprobs | None = None  # of prompt tokens not sent before, where asked
     error: SluiceError | None = None  # why the request failed (finish_reason ERROR)
+    kv_transfer: KvTransferParams | None = None  # a finished prefill leg's blocks, held for its decode leg
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from sluice.core.finish_reason import FinishReason
 from sluice.core.images import ImageInput
+from sluice.core.kv_transfer import KvTransferParams
 from sluice.core.sampling_params import SamplingParams
 
 
@@ -46,6 +47,7 @@ class Request:
     group_id: str | None = None  # the client's request id, for one of the samples of an n > 1 request
     sample_index: int = 0
     images: tuple[ImageInput, ...] = ()  # in prompt order; their placeholders are prompt tokens
+    kv_transfer: KvTransferParams | None = None  # a leg of a disaggregated request
 
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
@@ -60,6 +62,7 @@ class Request:
     # verifies proposals counts them as accepted until its outcome says how many were
     num_output_placeholders: int = field(default=0, init=False)
     num_prompt_logprobs_sent: int = field(default=0, init=False)  # a recompute after preemption must not resend
+    kv_lease: KvTransferParams | None = field(default=None, init=False)  # a finished prefill leg's held blocks
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -1,5 +1,6 @@
 """The control plane's core object: queues, admission, step planning, preemption and stop checks."""
 import bisect
+import dataclasses
 import heapq
 import itertools
 import math
@@ -13,11 +14,12 @@ from sluice.core.finish_reason import FinishReason
 from sluice.core.images import VisionInfo
 from sluice.core.logprobs import Logprobs
 from sluice.core.step_plan import CachedRequest, NewRequest, StepOutcome, StepPlan
-from sluice.scheduler.admission import check_queue_room, validate_request
+from sluice.scheduler.admission import check_queue_room, validate_kv_transfer, validate_request
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.images.admission import validate_images
 from sluice.scheduler.images.encoder_cache import ChunkImages, EncoderCache
 from sluice.scheduler.kv_cache.block_manager import NO_PREFIX_HIT, BlockManager
+from sluice.scheduler.kv_transfer.leases import KvLeases
 from sluice.scheduler.outputs import LoadSnapshot, RequestUpdate
 from sluice.scheduler.parallel_sampling import SampleGroups, split_samples
 from sluice.scheduler.request import Request, RequestStatus
@@ -61,6 +63,7 @@ class Scheduler:
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
                                           attention_window)
         self.encoder_cache = EncoderCache(config.encoder_cache_size)
+        self.kv_leases = KvLeases(self.block_manager, config.kv_lease_timeout, clock)
         self.vision = vision
         self.num_preemptions = 0
         self._requests: dict[str, Request] = {}  # every unfinished request (each sample of an n > 1 request)
@@ -80,10 +83,13 @@ class Scheduler:
     # -- requests in and out
 
     def add_request(self, request: Request) -> None:
-        """An n > 1 request enters as n samples: sample 0 waits, the others wait to fork its prompt."""
-        validate_request(request, self.config)
-        validate_images(request, self.vision, self.config)
+        """An n > 1 request enters as n samples: sample 0 waits, the others wait to fork its prompt. A prefill leg
+        (do_remote_decode) ends at its first token."""
+        self.check_request(request)
         check_queue_room(request, self._waiting, self.config)
+        if request.kv_transfer is not None and request.kv_transfer.do_remote_decode:
+            params = request.sampling_params
+            request.sampling_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
         samples = split_samples(request) if request.sampling_params.n > 1 else [request]
         ids = {request.request_id, *(sample.request_id for sample in samples)}
         if request.request_id in self._sample_groups or not ids.isdisjoint(self._requests):
@@ -94,6 +100,12 @@ class Scheduler:
         self._waiting.push(samples[0])
         if len(samples) > 1:
             self._sample_groups.add(samples)
+
+    def check_request(self, request: Request) -> None:
+        """Raises the error that would refuse the request, but for a full queue."""
+        validate_request(request, self.config)
+        validate_images(request, self.vision, self.config)
+        validate_kv_transfer(request, self.config)
 
     def _track_deadline(self, request: Request) -> None:
         if request.deadline is not None:
@@ -133,6 +145,7 @@ class Scheduler:
         client_request_ids = {request.client_request_id for request in self._requests.values()}
         updates = [update for request_id in client_request_ids
                    for update in self.finish_samples(request_id, FinishReason.ABORT)]
+        self.kv_leases.release_all()
         self.block_manager.reset_prefix_cache()
         self.encoder_cache.reset()
         self._worker_dropped_ids = []
@@ -493,6 +506,8 @@ class Scheduler:
             self._worker_dropped_ids.append(request.request_id)
         else:
             self._waiting.remove(request)
+        if reason is FinishReason.LENGTH and request.kv_transfer is not None and request.kv_transfer.do_remote_decode:
+            request.kv_lease = self.kv_leases.hold(request)
         self.block_manager.free(request)
         self.encoder_cache.release(request.request_id)
         request.finish(reason)
@@ -507,4 +522,4 @@ class Scheduler:
                 prompt_logprobs: Logprobs | None = None, error: SluiceError | None = None) -> RequestUpdate:
         return RequestUpdate(request.client_request_id, new_token_ids, request.finish_reason,
                              request.num_prompt_tokens, request.num_cached_tokens, request.num_output_tokens,
-                             request.sample_index, logprobs, prompt_logprobs, error)
+                             request.sample_index, logprobs, prompt_logprobs, error, request.kv_lease)

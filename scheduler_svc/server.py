@@ -3,8 +3,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import socket
 
 from sluice.core.images_pb import vision_info_from_pb
+from sluice.core.kv_transfer import KvTransferParams
 from sluice.core.options import as_flags
 from sluice.scheduler.config import SchedulerConfig
 from sluice.scheduler.engine_loop import EngineLoop
@@ -51,6 +53,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
             vision = vision_info_from_pb(info.vision) if info.HasField("vision") else None
             scheduler = Scheduler(config, set(info.eos_token_ids), attention_window=info.attention_window,
                                   vision=vision, pipeline_parallel_size=info.pipeline_parallel_size or 1)
+            scheduler.kv_leases.origin = KvTransferParams(remote_host=_advertised_host(address), remote_port=port)
             metrics = SchedulerMetrics(service.metrics_registry, info.model)
             service.metrics_registry.register(SchedulerLoadCollector(scheduler, info.model))
             loop = EngineLoop(scheduler, worker, sessions,
@@ -61,6 +64,7 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                                                   block_size=config.block_size,
                                                   eos_token_ids=sorted(info.eos_token_ids),
                                                   kv_cache_dtype=info.kv_cache_dtype, quantization=info.quantization,
+                                                  kv_role=config.kv_role,
                                                   vision=info.vision if info.HasField("vision") else None)
             service.add(scheduler_pb2_grpc.add_SchedulerServicer_to_server,
                         SchedulerServicer(loop, sessions, model_info))
@@ -70,13 +74,14 @@ async def serve(worker_addresses: list[str], address: str, operations: Operation
                      config.block_size, info.kv_cache_dtype)
             await service.wait_for_shutdown(supervisor)
             loop.admitting = False
-            drained = await service.drain(lambda: not scheduler.has_unfinished_requests())
+            drained = await service.drain(lambda: not loop.has_unfinished_requests)
             log.info("scheduler drained" if drained else "scheduler drain timed out; stopping")
         finally:
             if supervisor is not None:
                 supervisor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await supervisor
+                await loop.kv_pulls.close()
             await worker.close()
 
 
@@ -86,11 +91,24 @@ async def _start_worker(worker: WorkerGroup, timeout: float, num_blocks: int,
     _check_draft_model(info, scheduler_options.get("speculative_method"))
     max_model_len = min(scheduler_options.pop("max_model_len", info.max_model_len), info.max_model_len)
     config = SchedulerConfig(num_blocks=num_blocks, max_model_len=max_model_len, **scheduler_options)
+    if info.kv_role != config.kv_role:
+        raise ValueError(f"the workers' kv_role is {info.kv_role!r}, the scheduler's {config.kv_role!r}: start "
+                         "both with the same --kv-role")
+    if config.kv_role != "both" and (info.attention_window or info.draft_model):
+        raise ValueError("a model whose every layer has a sliding window (it frees blocks as requests advance), or "
+                         "a draft model's KV cache, does not move between replicas: kv_role 'both' only")
     num_blocks = await worker.start(worker_pb2.InitCacheRequest(
         block_size=config.block_size, num_blocks=num_blocks, max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
         max_num_encoder_input_tokens=config.max_num_encoder_input_tokens, encoder_cache_size=config.encoder_cache_size))
     return info, dataclasses.replace(config, num_blocks=num_blocks)
+
+
+def _advertised_host(address: str) -> str:
+    """The host decode replicas reach this one at: the listening host, or for a wildcard the address this machine's
+    name resolves to (a Kubernetes pod's own IP)."""
+    host = address.rsplit(":", 1)[0]
+    return socket.gethostbyname(socket.gethostname()) if host in ("", "0.0.0.0", "[::]") else host
 
 
 def _check_draft_model(info: worker_pb2.WorkerInfo, speculative_method: str | None) -> None:

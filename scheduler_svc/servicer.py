@@ -1,9 +1,10 @@
 """sluice.v1.Scheduler's servicer: each router's stream of submissions and step updates, load, model info, KV events."""
 import asyncio
 
-from sluice.core.errors import SluiceError
+from sluice.core.errors import SluiceError, Unimplemented
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb
+from sluice.core.kv_transfer_pb import kv_source_to_pb
 from sluice.scheduler.engine_loop import EngineLoop
 from sluice.scheduler.routers.kv_event_stream import kv_event_stream
 from sluice.scheduler.routers.outbox import Outbox
@@ -52,6 +53,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def GetModelInfo(self, request, context) -> generation_pb2.ModelInfo:
         return self.model_info
+
+    async def GetKvSources(self, request, context) -> scheduler_pb2.KvSources:
+        if self.loop.scheduler.config.kv_role != "prefill":
+            raise Unimplemented(f"this replica's kv_role is {self.loop.scheduler.config.kv_role!r}, not 'prefill'")
+        worker = self.loop.worker
+        return scheduler_pb2.KvSources(engine_id=worker.kv_engine_id,
+                                       ranks=[kv_source_to_pb(source) for source in worker.kv_sources])
+
+    async def ReleaseKv(self, request: scheduler_pb2.ReleaseKvRequest, context) -> scheduler_pb2.ReleaseKvResponse:
+        return scheduler_pb2.ReleaseKvResponse(found=self.loop.release_lease(request.request_id))
 
     async def SubscribeKvEvents(self, request: scheduler_pb2.SubscribeKvEventsRequest, context):
         log = self.loop.kv_events

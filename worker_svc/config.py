@@ -1,6 +1,7 @@
 """The worker's settings: what it loads, in which precision, on which device, with which kernels."""
 from dataclasses import dataclass
 
+from sluice.core.kv_transfer import KV_ROLES
 from sluice.core.options import option
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -64,6 +65,9 @@ class WorkerConfig:
                                        "that proposes tokens beside the target (a folder or .gguf file, or a shape "
                                        "name with --draft-load-format dummy)")
     draft_load_format: str = option("auto", choices=LOAD_FORMATS, help="--load-format of the draft model")
+    kv_role: str = option("both", choices=KV_ROLES,
+                          help="prefill or decode: a replica of a disaggregated pair, whose KV cache a NIXL agent "
+                               "registers (the decode side pulls the prefill side's blocks); both: neither")
 
     def __post_init__(self):
         if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
@@ -85,6 +89,8 @@ class WorkerConfig:
             raise ValueError("calculate_kv_scales needs an FP8 KV cache (kv_cache_dtype 'fp8')")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {list(KV_ROLES)}, got {self.kv_role!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 

@@ -7,6 +7,7 @@ import torch
 
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.worker.config import WorkerConfig
+from sluice.worker.kv_transfer.agent import KvTransferAgent
 from sluice.worker.loading.model_loader import LoadedModel, ModelLoader
 from sluice.worker.models.decoder import DecoderLM
 from sluice.worker.ops.fp8 import FP8
@@ -42,6 +43,7 @@ class WorkerEngine:
         self.model = loaded.model
         self.draft_config, self.draft_model = loaded.draft_config, loaded.draft_model
         self.runner: ModelRunner | None = None
+        self.kv_transfer: KvTransferAgent | None = None  # of a prefill or decode worker, once its cache is set up
         self.warm_up_seconds = 0.0  # init_cache's sampler warm-up
 
     @classmethod
@@ -60,7 +62,7 @@ class WorkerEngine:
         holds the draft's KV of its slots, in a cache of the draft's own. A model that takes images keeps the memory
         of its vision tower's pass over max_num_encoder_input_tokens placeholders and of encoder_cache_size
         placeholders' outputs out of the KV cache's."""
-        self.runner = None  # a worker set up again (its scheduler lost it) frees the old cache first
+        self.runner = self.kv_transfer = None  # a worker set up again (its scheduler lost it) frees the old cache
         max_model_len = min(max_model_len, self.max_model_len)
         cos_sin_cache = self.model.cos_sin_cache(max_model_len).to(self.device)
         if num_blocks <= 0:
@@ -73,6 +75,9 @@ class WorkerEngine:
             if self.group is not None or self.stage is not None:
                 num_blocks = replica_min(num_blocks, self.device)  # one pool: the same block ids on every rank
         kv_caches = allocate_kv_cache(self.local_config, num_blocks, block_size, self.kv_cache_dtype, self.device)
+        if self.config.kv_role != "both":
+            self.kv_transfer = KvTransferAgent(f"sluice-{self.config.kv_role}-rank{self.config.rank}", kv_caches,
+                                               serves_reads=self.config.kv_role == "prefill")
         graphed = partial(self._forward_pass, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, max_blocks_per_seq=-(-max_model_len // block_size))
         forward = graphed(self.model, kv_caches, cos_sin_cache, calculate_kv_scales=self.config.calculate_kv_scales)

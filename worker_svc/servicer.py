@@ -4,7 +4,9 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sluice.core.errors import Unimplemented
 from sluice.core.images_pb import vision_info_to_pb
+from sluice.core.kv_transfer_pb import kv_source_from_pb, kv_source_to_pb
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
@@ -44,7 +46,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                              draft_model=Path(self.engine.config.draft_model).name,
                              kv_cache_dtype=self.engine.config.kv_cache_dtype_name, quantization=config.quantization or "",
                              attention_window=self.engine.attention_window,
-                             vision=None if config.vision is None else vision_info_to_pb(config.vision.info))
+                             vision=None if config.vision is None else vision_info_to_pb(config.vision.info),
+                             kv_role=self.engine.config.kv_role)
 
     async def InitCache(self, request: pb.InitCacheRequest, context) -> pb.InitCacheResponse:
         try:
@@ -59,7 +62,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                  self.engine.config.kv_cache_dtype_name)
         log.info("sampler warm-up: %.2f s", self.engine.warm_up_seconds)
         self.telemetry.metrics.warm_up_seconds.set(self.engine.warm_up_seconds)
-        return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size)
+        kv_transfer = self.engine.kv_transfer
+        return pb.InitCacheResponse(num_blocks=num_blocks, block_size=request.block_size,
+                                    kv_source=None if kv_transfer is None else kv_source_to_pb(kv_transfer.source))
+
+    async def PullKv(self, request: pb.PullKvRequest, context) -> pb.PullKvResponse:
+        kv_transfer = self.engine.kv_transfer
+        if kv_transfer is None or self.engine.config.kv_role != "decode":
+            raise Unimplemented(f"this worker's kv_role is {self.engine.config.kv_role!r}, not 'decode' (or its KV "
+                                "cache is not set up)")
+        num_bytes = await kv_transfer.pull(kv_source_from_pb(request.source), list(request.remote_block_ids),
+                                           list(request.local_block_ids), request.timeout_seconds)
+        return pb.PullKvResponse(num_bytes=num_bytes)
 
     async def Execute(self, request_iterator, context):
         """Launches each step as it arrives and streams the outcomes back in order, so step N + 1 is queued on the

@@ -10,6 +10,7 @@ from sluice.core.errors import Unavailable
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_from_pb, finish_reason_to_pb
 from sluice.core.images_pb import image_to_pb
+from sluice.core.kv_transfer_pb import kv_transfer_from_pb, kv_transfer_to_pb
 from sluice.core.logprobs_pb import logprob_rows_from_pb
 from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.router.schedulers.messages import Event, Failed, Finished, Submission, Tokens, Usage
@@ -85,6 +86,14 @@ class SchedulerLink:
 
     def release(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    async def release_kv(self, request_id: str) -> None:
+        """Ends the lease of a prefill leg's blocks whose decode leg never started."""
+        try:
+            await self.stub.ReleaseKv(scheduler_pb2.ReleaseKvRequest(request_id=request_id), timeout=5)
+        except grpc.aio.AioRpcError as error:
+            log.warning("could not end the KV lease of %s at %s (it expires on its own): %s", request_id,
+                        self.address, error.details())
 
     async def _keep_connected(self) -> None:
         while True:
@@ -188,7 +197,8 @@ def _submit_to_pb(submission: Submission) -> scheduler_pb2.Submit:
         request_id=submission.request_id, prompt_token_ids=submission.prompt_token_ids,
         sampling=sampling_params_to_pb(submission.sampling_params), priority=submission.priority,
         cache_salt=submission.cache_salt, deadline_unix_seconds=submission.deadline_unix_seconds,
-        trace_context=submission.trace_context, images=[image_to_pb(image) for image in submission.images])
+        trace_context=submission.trace_context, images=[image_to_pb(image) for image in submission.images],
+        kv_transfer=None if submission.kv_transfer is None else kv_transfer_to_pb(submission.kv_transfer))
 
 
 def _ending_from_pb(message: scheduler_pb2.Finished | scheduler_pb2.Rejection) -> Finished | Failed:
@@ -197,7 +207,8 @@ def _ending_from_pb(message: scheduler_pb2.Finished | scheduler_pb2.Rejection) -
     if message.deadline_exceeded:
         return Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
     usage = Usage(message.usage.prompt_tokens, message.usage.completion_tokens, message.usage.cached_tokens)
-    return Finished(message.index, finish_reason_from_pb(message.reason), usage)
+    return Finished(message.index, finish_reason_from_pb(message.reason), usage,
+                    kv_transfer_from_pb(message.kv_transfer))
 
 
 def _status_code(value: int) -> grpc.StatusCode:

@@ -6,6 +6,7 @@ import grpc
 
 from sluice.core.finish_reason import FinishReason
 from sluice.core.images import ImageInput
+from sluice.core.kv_transfer import KvTransferParams
 from sluice.core.logprobs import Logprobs
 from sluice.core.sampling_params import SamplingParams
 
@@ -20,6 +21,7 @@ class Submission:
     deadline_unix_seconds: float = 0.0  # 0 means none
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C context of the router's span
     images: list[ImageInput] = field(default_factory=list)  # in prompt order, at placeholders of prompt_token_ids
+    kv_transfer: KvTransferParams | None = None  # a leg of a disaggregated request
 
 
 @dataclass(slots=True)
@@ -48,6 +50,7 @@ class Finished:
     index: int  # the sample
     reason: FinishReason
     usage: Usage
+    kv_transfer: KvTransferParams | None = None  # a prefill leg's blocks, held for its decode leg
 
 
 @dataclass(slots=True)

@@ -82,6 +82,9 @@ class SchedulerPool:
         link = self._owner.get(request_id)
         return link is not None and link.finish(request_id, reason, index)
 
+    def owner(self, request_id: str) -> SchedulerLink | None:
+        return self._owner.get(request_id)
+
     def release(self, request_id: str) -> None:
         link = self._owner.pop(request_id, None)
         if link is not None:

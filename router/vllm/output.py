@@ -9,6 +9,7 @@ from sluice.core.sampling_params import SamplingParams
 from sluice.router.generation_flow import GenerationOutput
 from sluice.router.sample_stops import SampleStops
 from sluice.router.schedulers.messages import Finished, Tokens, joined_logprobs
+from sluice.router.vllm.kv_transfer_json import kv_transfer_to_json
 
 
 def vllm_generation_output(params: SamplingParams, tokenizer, prompt_token_ids: list[int],
@@ -62,6 +63,8 @@ class VllmSampleOutput:
             complete.matched_token_id = self._last_token_id
         if self._logprobs is not None:
             complete.output_logprobs.CopyFrom(_output_logprobs(self._logprobs))
+        if finished.kv_transfer is not None:
+            complete.kv_transfer_params_json = kv_transfer_to_json(finished.kv_transfer)
         self._attach_prompt_logprobs(complete)
         return [complete]
 

@@ -24,6 +24,7 @@ from sluice.router.telemetry.requests import RouterTelemetry
 from sluice.router.tokenizer_bundle import tokenizer_bundle
 from sluice.router.vllm.info_pb import loads_to_vllm_pb, model_info_to_vllm_pb
 from sluice.router.vllm.kv_events_pb import kv_event_batch_to_vllm_pb
+from sluice.router.vllm.kv_transfer_json import KV_CONNECTOR, VLLM_KV_ROLES, kv_transfer_from_json
 from sluice.router.vllm.multimodal_pb import images_from_vllm_pb
 from sluice.router.vllm.output import vllm_generation_output
 from sluice.router.vllm.sampling_pb import sampling_params_from_vllm_pb, truncate_prompt_tokens
@@ -31,7 +32,7 @@ from sluice.v1 import generation_pb2
 
 _TOKENIZER_CHUNK_BYTES = 64 * 1024
 _LOAD_TIMEOUT_SECONDS = 5.0
-_UNSUPPORTED_INPUTS = ("media_refs", "kv_transfer_params", "kv_transfer_params_json")
+_UNSUPPORTED_INPUTS = ("media_refs", "kv_transfer_params")
 
 
 class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
@@ -56,8 +57,10 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
                                       len(prompt_ids))
         request_id = request.request_id or uuid.uuid4().hex
         telemetry = self.telemetry.begin(request.WhichOneof("input"), request_id, len(prompt_ids), params)
+        kv_transfer = kv_transfer_from_json(request.kv_transfer_params_json) \
+            if request.HasField("kv_transfer_params_json") else None
         submission = Submission(request_id, prompt_ids, params, deadline_unix_seconds=deadline_unix_seconds(context),
-                                trace_context=telemetry.trace_context, images=images)
+                                trace_context=telemetry.trace_context, images=images, kv_transfer=kv_transfer)
         output = vllm_generation_output(params, self.tokenizer, prompt_ids, request.stream)
         async for response in stream_generation(self.schedulers, submission, output, telemetry, context):
             yield response
@@ -67,8 +70,8 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         unsupported = next((name for name in _UNSUPPORTED_INPUTS if request.HasField(name)), None)
         if unsupported is not None or request.extra_mm_inputs:
             raise InvalidArgument(unsupported or "extra_mm_inputs", "not supported: Sluice takes images "
-                                                                    "preprocessed in mm_inputs, and does not "
-                                                                    "disaggregate prefill")
+                                                                    "preprocessed in mm_inputs, and KV transfer "
+                                                                    "params as kv_transfer_params_json")
         kind = request.WhichOneof("input")
         if kind == "tokenized":
             token_ids = list(request.tokenized.input_ids)
@@ -106,9 +109,14 @@ class VllmEngineServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         """mm_item_limits: the images a request may carry, for a gateway to hold requests to before it preprocesses
         them."""
         limits = f"image={self.prompts.config.max_images_per_request}" if self.prompts.vision is not None else ""
+        info = self.model_info
+        kv_role = VLLM_KV_ROLES.get(info.kv_role, "")
         return vllm.GetServerInfoResponse(active_requests=self.schedulers.num_in_flight,
                                           uptime_seconds=time.monotonic() - self._started, server_type="sluice",
-                                          data_parallel_size=1, mm_item_limits=limits)
+                                          data_parallel_size=1, mm_item_limits=limits,
+                                          kv_connector=KV_CONNECTOR if kv_role else "", kv_role=kv_role,
+                                          kv_cache_dtype=info.kv_cache_dtype, block_size=info.block_size,
+                                          model_dtype=info.dtype)
 
     async def GetLoads(self, request, context) -> vllm.GetLoadsResponse:
         loads = await self.schedulers.loads(_LOAD_TIMEOUT_SECONDS)

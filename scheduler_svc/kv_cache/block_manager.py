@@ -22,6 +22,12 @@ RELEASED_BLOCK_ID = 0  # the worker's entry for a block before the window: atten
 
 
 @dataclass(slots=True)
+class PullPlan:
+    first_block: int  # the request's first block to pull: the prefix cache holds those before it
+    block_ids: list[int]  # where the pulled blocks go, in order
+
+
+@dataclass(slots=True)
 class ForkResult:
     block_ids: list[int]  # the child's block table
     copies: list[tuple[int, int]]  # (source, destination) block ids the worker must copy before the child writes
@@ -43,6 +49,7 @@ class BlockManager:
         self._block_hashes: dict[str, list[BlockHash]] = {}
         self._num_registered_blocks: dict[str, int] = {}  # leading blocks of a table already offered to the cache
         self._num_released_blocks: dict[str, int] = {}  # leading blocks of a table released, outside the window
+        self._pins: dict[str, list[KVBlock]] = {}  # a decode leg's prompt blocks, held from its pull to its start
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -128,6 +135,7 @@ class BlockManager:
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
         self.pool.touch(prefix_hit.blocks)
+        self._unpin(request.request_id)
         table = self._tables[request.request_id] = prefix_hit.blocks + self.pool.allocate(num_new_blocks)
         self._num_registered_blocks[request.request_id] = len(prefix_hit.blocks)
         if self.enable_prefix_caching:
@@ -179,11 +187,54 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first so a shared prefix outlives its tails in the cache. Idempotent."""
         table = self._tables.pop(request.request_id, None)
+        self._unpin(request.request_id)
         self._block_hashes.pop(request.request_id, None)
         self._num_registered_blocks.pop(request.request_id, None)
         self._num_released_blocks.pop(request.request_id, None)
         if table:
             self.pool.free([block for block in table[::-1] if block is not None])
+
+    def hold_prompt_blocks(self, request: Request) -> list[KVBlock]:
+        """One more reference on each of the request's full, computed prompt blocks (a prefill leg's lease)."""
+        table = self._tables.get(request.request_id, [])
+        held = table[:min(request.num_prompt_tokens, request.num_computed_tokens) // self.block_size]
+        self.pool.touch(held)
+        return held
+
+    def release_held(self, blocks: list[KVBlock]) -> None:
+        self.pool.free(blocks[::-1])
+
+    def reserve_pull(self, request: Request, num_remote_blocks: int) -> PullPlan | None:
+        """Pins the cached blocks of the request's prompt and fresh blocks for the rest of its leading
+        `num_remote_blocks` full blocks (short of its last token, which must be computed), where a decode leg pulls
+        them; None, changing nothing, when the pool cannot supply them. The pin ends when the request starts."""
+        hit = self.get_computed_blocks(request)
+        num_missing = min(num_remote_blocks, (request.num_tokens - 1) // self.block_size) - len(hit.blocks)
+        num_revived = sum(1 for block in hit.blocks if block.ref_count == 0)
+        if max(num_missing, 0) + num_revived > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(hit.blocks)
+        added = self.pool.allocate(max(num_missing, 0))
+        self._pins[request.request_id] = hit.blocks + added
+        return PullPlan(len(hit.blocks), [block.block_id for block in added])
+
+    def cache_pulled(self, request: Request) -> None:
+        """Offers a decode leg's pulled blocks to the prefix cache, where its start finds them."""
+        pinned = self._pins.get(request.request_id, [])
+        hashes = self._hashes(request)
+        cached = [i for i, block in enumerate(pinned) if self.pool.cache(block, hashes[i])]
+        if cached:
+            self._record_stored(request, hashes, cached[0], cached[-1] + 1)
+
+    def _unpin(self, request_id: str) -> None:
+        pinned = self._pins.pop(request_id, None)
+        if pinned:
+            self.pool.free(pinned[::-1])
+
+    def unpin(self, request: Request) -> None:
+        """Ends a decode leg's pin without starting it (its pull failed, or it was aborted)."""
+        self._unpin(request.request_id)
+        self._block_hashes.pop(request.request_id, None)
 
     def fork(self, parent_request_id: str, child_request_id: str, num_computed_tokens: int) -> ForkResult | None:
         """Gives the child the parent's first `num_computed_tokens` of KV (for n > 1 sampling). Full blocks are

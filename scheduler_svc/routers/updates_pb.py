@@ -4,6 +4,7 @@ import time
 from sluice.core.finish_reason import FinishReason
 from sluice.core.finish_reason_pb import finish_reason_to_pb
 from sluice.core.images_pb import image_from_pb
+from sluice.core.kv_transfer_pb import kv_transfer_from_pb, kv_transfer_to_pb
 from sluice.core.logprobs import LogprobRows, Logprobs
 from sluice.core.logprobs_pb import logprob_rows_to_pb
 from sluice.core.sampling_params_pb import sampling_params_from_pb
@@ -27,6 +28,7 @@ def request_from_pb(submit: scheduler_pb2.Submit) -> Request:
         cache_salt=submit.cache_salt or None,
         deadline=deadline,
         images=tuple(image_from_pb(image) for image in submit.images),
+        kv_transfer=kv_transfer_from_pb(submit.kv_transfer),
     )
 
 
@@ -58,6 +60,7 @@ def _finished_to_pb(update: RequestUpdate) -> scheduler_pb2.Finished:
                                    cached_tokens=update.num_cached_tokens),
         deadline_exceeded=update.finish_reason is FinishReason.DEADLINE,
         index=update.sample_index,
+        kv_transfer=None if update.kv_transfer is None else kv_transfer_to_pb(update.kv_transfer),
     )
 
 

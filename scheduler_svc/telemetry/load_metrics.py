@@ -35,6 +35,10 @@ class SchedulerLoadCollector(Collector):
             (CounterMetricFamily, "sluice:encoder_deferrals",
              "Request-steps whose chunk stopped before an image the step could not encode (encoder budget or "
              "encoder cache room).", images.num_deferrals),
+            (GaugeMetricFamily, "sluice:kv_leases", "Finished prefill legs whose blocks are held for a decode "
+             "replica.", len(self.scheduler.kv_leases)),
+            (CounterMetricFamily, "sluice:kv_leases_expired", "Leases that ended without the decode replica's word.",
+             self.scheduler.kv_leases.num_expired),
             (CounterMetricFamily, "vllm:spec_decode_num_drafts", "Request-steps with speculative proposals.",
              load.num_drafts),
             (CounterMetricFamily, "vllm:spec_decode_num_draft_tokens", "Proposed (draft) tokens.",

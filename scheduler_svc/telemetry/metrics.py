@@ -4,6 +4,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sluice.serving.metric_buckets import REQUEST_SECONDS
 
+KV_TRANSFER_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
 FINISHED_REASONS = ("stop", "length", "abort")
 
 
@@ -22,6 +24,13 @@ class SchedulerMetrics:
                                            "Time from first scheduling to the first token.", buckets=REQUEST_SECONDS)
         self.request_decode_time = series(Histogram, "vllm:request_decode_time_seconds",
                                           "Time from the first token to the last.", buckets=REQUEST_SECONDS)
+        self.kv_transfer_bytes = series(Counter, "sluice:kv_transfer_bytes",
+                                        "Bytes of KV blocks pulled from prefill replicas (every rank's).")
+        self.kv_transfer_seconds = series(Histogram, "sluice:kv_transfer_seconds",
+                                          "Time of one request's pull of KV blocks from a prefill replica.",
+                                          buckets=KV_TRANSFER_SECONDS)
+        self.kv_transfer_failures = series(Counter, "sluice:kv_transfer_failures",
+                                           "Pulls of KV blocks that failed their request.")
         success = Counter("vllm:request_success", "Finished requests by finish reason.",
                           ["model_name", "finished_reason"], registry=registry)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)

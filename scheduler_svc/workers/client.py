@@ -4,6 +4,8 @@ import asyncio
 import grpc
 
 from sluice.core.errors import Unavailable
+from sluice.core.kv_transfer import KvSource
+from sluice.core.kv_transfer_pb import kv_source_from_pb, kv_source_to_pb
 from sluice.core.step_plan import StepOutcome
 from sluice.core.step_plan_pb import outcome_from_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
@@ -26,6 +28,7 @@ class WorkerClient:
         # steps go out as bytes serialised once for every rank (WorkerGroup.send)
         self._execute = self.channel.stream_stream(_EXECUTE, response_deserializer=pb.StepResult.FromString)
         self.info: pb.WorkerInfo | None = None  # what the worker serves, as it first said
+        self.kv_source: KvSource | None = None  # of a prefill or decode worker: where its KV cache lies
         self._cache: pb.InitCacheRequest | None = None  # the KV cache it set up, to set up again after a loss
         self._steps: asyncio.Queue[bytes | None] = asyncio.Queue()  # None ends the stream's steps
         self._results = None
@@ -43,7 +46,9 @@ class WorkerClient:
     async def start(self, cache: pb.InitCacheRequest) -> int:
         """Sets up the worker's KV cache and opens the Execute stream. Returns the number of KV blocks the worker
         allocated."""
-        num_blocks = (await self._call(self.stub.InitCache(cache))).num_blocks
+        response = await self._call(self.stub.InitCache(cache))
+        num_blocks = response.num_blocks
+        self.kv_source = kv_source_from_pb(response.kv_source) if response.HasField("kv_source") else None
         self._cache = pb.InitCacheRequest()
         self._cache.CopyFrom(cache)
         self._cache.num_blocks = num_blocks
@@ -90,6 +95,13 @@ class WorkerClient:
         if result is grpc.aio.EOF:
             raise Unavailable(f"worker {self.address} closed its stream")
         return result
+
+    async def pull_kv(self, source: KvSource, remote_block_ids: list[int], local_block_ids: list[int],
+                      timeout: float) -> int:
+        """Has the worker read a prefill worker's blocks into its own; returns the bytes read."""
+        request = pb.PullKvRequest(source=kv_source_to_pb(source), remote_block_ids=remote_block_ids,
+                                   local_block_ids=local_block_ids, timeout_seconds=timeout)
+        return (await self._call(self.stub.PullKv(request, timeout=2 * timeout))).num_bytes
 
     async def check_streaming(self) -> None:
         """Raises Unavailable if the Execute stream has ended, as it does when the worker goes away."""

@@ -1,6 +1,8 @@
 """The scheduler's end of one model replica: its ranks' workers, each step serialised once for all."""
 import asyncio
 
+from sluice.core.errors import InvalidArgument
+from sluice.core.kv_transfer import KvSource
 from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.core.step_plan_pb import plan_to_pb
 from sluice.scheduler.workers.client import WorkerClient
@@ -45,6 +47,25 @@ class WorkerGroup:
         """Sets up every rank's KV cache at once (the ranks profile and agree together) and opens their streams.
         Returns the number of KV blocks that every rank holds."""
         return min(await _on_every_rank(worker.start(cache) for worker in self.workers))
+
+    @property
+    def kv_sources(self) -> list[KvSource]:
+        """Each rank's KV source, in rank order (workers of kv_role prefill or decode)."""
+        return [worker.kv_source for worker in self.workers]
+
+    @property
+    def kv_engine_id(self) -> str:
+        """Names the ranks' KV caches as they are set up now: a rank set up again is a new NIXL agent."""
+        return ",".join(source.agent_name for source in self.kv_sources if source is not None)
+
+    async def pull_kv(self, sources: list[KvSource], remote_block_ids: list[int], local_block_ids: list[int],
+                      timeout: float) -> int:
+        """Every rank reads the blocks of the prefill rank of its own rank at once; returns the bytes read."""
+        if len(sources) != len(self.workers):
+            raise InvalidArgument("kv_transfer.remote_engine_id", f"the prefill replica has {len(sources)} "
+                                  f"tensor-parallel ranks, this one {len(self.workers)}")
+        return sum(await _on_every_rank(worker.pull_kv(source, remote_block_ids, local_block_ids, timeout)
+                                        for worker, source in zip(self.workers, sources)))
 
     async def restart(self) -> None:
         await _on_every_rank(worker.restart() for worker in self.workers)

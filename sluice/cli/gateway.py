@@ -27,19 +27,29 @@ class GatewayLayout:
 
 
 def gateway_command(layout: GatewayLayout, router_addresses: list[str], model_path: Path,
-                    extra_args: list[str] = ()) -> list[str]:
-    """smg's command line; SystemExit naming the extra to install where smg is missing."""
+                    extra_args: list[str] = (), prefill_router_addresses: list[str] = ()) -> list[str]:
+    """smg's command line; SystemExit naming the extra to install where smg is missing. With
+    prefill_router_addresses, smg runs in its PD mode: each request's prefill leg goes to a router of prefill
+    replicas, its decode leg to one of router_addresses (routers of decode replicas)."""
     if importlib.util.find_spec("smg") is None:
         raise SystemExit(MISSING)
     return [*python_command("-m", "smg", "launch"), "--backend", "vllm",
-            "--worker-urls", *(f"grpc://{address}" for address in router_addresses),
-            "--model-path", str(model_path), "--host", layout.host, "--port", str(layout.port),
+            *_workers(router_addresses, prefill_router_addresses), "--model-path", str(model_path), "--host", layout.host, "--port", str(layout.port),
             "--prometheus-host", layout.host, "--prometheus-port", str(layout.metrics_port), *extra_args]
 
 
+def _workers(router_addresses: list[str], prefill_router_addresses: list[str]) -> list[str]:
+    if not prefill_router_addresses:
+        return ["--worker-urls", *(f"grpc://{address}" for address in router_addresses)]
+    return ["--pd-disaggregation", *(flag for address in prefill_router_addresses
+                                     for flag in ("--prefill", f"grpc://{address}")),
+            *(flag for address in router_addresses for flag in ("--decode", f"grpc://{address}"))]
+
+
 def start_gateway(layout: GatewayLayout, router_addresses: list[str], model_path: Path, extra_args: list[str] = (),
-                  env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(gateway_command(layout, router_addresses, model_path, extra_args), env=env)
+                  env: dict[str, str] | None = None, prefill_router_addresses: list[str] = ()) -> subprocess.Popen:
+    return subprocess.Popen(gateway_command(layout, router_addresses, model_path, extra_args,
+                                            prefill_router_addresses), env=env)
 
 
 def wait_until_gateway_serves(layout: GatewayLayout, timeout: float, process: subprocess.Popen) -> None:

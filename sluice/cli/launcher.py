@@ -29,13 +29,19 @@ class ServeLayout:
     scheduler_port: int
     worker_ports: list[int]  # one per rank of the replica (tensor-parallel ranks of each pipeline stage), in order
     router_own_ports: list[int] = field(default_factory=list)  # one per router process where several share the port
+    # `sluice serve --pd`: a prefill replica's scheduler and worker ranks (the replica above decodes); 0 and none else
+    prefill_scheduler_port: int = 0
+    prefill_worker_ports: list[int] = field(default_factory=list)
 
     @classmethod
     def on_free_ports(cls, host: str = "127.0.0.1", router_port: int | None = None,
-                      num_ranks: int = 1, router_processes: int = 1) -> "ServeLayout":
+                      num_ranks: int = 1, router_processes: int = 1, pd: bool = False) -> "ServeLayout":
         num_own = router_processes if router_processes > 1 else 0
-        free_router_port, scheduler_port, *ports = free_ports(2 + num_ranks + num_own, host)
-        return cls(host, router_port or free_router_port, scheduler_port, ports[:num_ranks], ports[num_ranks:])
+        num_prefill = 1 + num_ranks if pd else 0
+        free_router_port, scheduler_port, *ports = free_ports(2 + num_ranks + num_own + num_prefill, host)
+        prefill = ports[num_ranks + num_own:]
+        return cls(host, router_port or free_router_port, scheduler_port, ports[:num_ranks],
+                   ports[num_ranks:num_ranks + num_own], *(prefill[:1] or [0]), prefill[1:])
 
     @property
     def router_address(self) -> str:
@@ -71,6 +77,14 @@ class ServeLayout:
     def worker_addresses(self) -> str:
         """Comma-separated, in rank order: the worker's --listen and the scheduler's --worker."""
         return ",".join(f"{self.host}:{port}" for port in self.worker_ports)
+
+    @property
+    def prefill_scheduler_address(self) -> str:
+        return f"{self.host}:{self.prefill_scheduler_port}"
+
+    @property
+    def prefill_worker_addresses(self) -> str:
+        return ",".join(f"{self.host}:{port}" for port in self.prefill_worker_ports)
 
 
 def free_ports(count: int, host: str = "127.0.0.1", run: int = 1) -> list[int]:
@@ -135,18 +149,30 @@ def wait_until_serving(address: str, service: str, timeout: float, processes: li
 
 
 def start_services(layout: ServeLayout, worker_args: list[str], scheduler_args: list[str],
-                   router_args: list[list[str]], env: dict[str, str] | None = None,
-                   own_sessions: bool = False) -> list[subprocess.Popen]:
-    """Worker, scheduler, then the routers (start_routers). env: the services' environment (default: this
-    process's). own_sessions: each service in a session (and process group) of its own, out of reach of the
-    terminal's Ctrl-C, which then reaches only this process (`sluice serve`, which stops them in order)."""
+                   router_args: list[list[str]], env: dict[str, str] | None = None, own_sessions: bool = False,
+                   prefill_args: tuple[list[str], list[str]] = ([], [])) -> list[subprocess.Popen]:
+    """Worker, scheduler, then the routers (start_routers), and where the layout has a prefill replica, its worker
+    and scheduler (prefill_args: their own arguments) with --kv-role prefill, the first two with --kv-role decode.
+    env: the services' environment (default: this process's). own_sessions: each service in a session (and process
+    group) of its own, out of reach of the terminal's Ctrl-C, which then reaches only this process (`sluice serve`,
+    which stops them in order)."""
     popen = {"env": env, "start_new_session": own_sessions}
-    return [
-        subprocess.Popen(sluice_command("worker", "--listen", layout.worker_addresses, *worker_args), **popen),
-        subprocess.Popen(sluice_command("scheduler", "--listen", layout.scheduler_address,
-                                        "--worker", layout.worker_addresses, *scheduler_args), **popen),
-        *start_routers(layout, router_args, env, own_sessions),
-    ]
+    role = ["--kv-role", "decode"] if layout.prefill_scheduler_port else []
+    processes = [*_start_replica(layout.worker_addresses, layout.scheduler_address, [*worker_args, *role],
+                                 [*scheduler_args, *role], popen),
+                 *start_routers(layout, router_args, env, own_sessions)]
+    if layout.prefill_scheduler_port:
+        role = ["--kv-role", "prefill"]
+        processes += _start_replica(layout.prefill_worker_addresses, layout.prefill_scheduler_address,
+                                    [*prefill_args[0], *role], [*prefill_args[1], *role], popen)
+    return processes
+
+
+def _start_replica(worker_addresses: str, scheduler_address: str, worker_args: list[str], scheduler_args: list[str],
+                   popen: dict) -> list[subprocess.Popen]:
+    return [subprocess.Popen(sluice_command("worker", "--listen", worker_addresses, *worker_args), **popen),
+            subprocess.Popen(sluice_command("scheduler", "--listen", scheduler_address, "--worker", worker_addresses,
+                                            *scheduler_args), **popen)]
 
 
 def start_routers(layout: ServeLayout, router_args: list[list[str]], env: dict[str, str] | None = None,
@@ -154,8 +180,10 @@ def start_routers(layout: ServeLayout, router_args: list[list[str]], env: dict[s
     """One router per layout.router_listens, with its router_args; several share the router port."""
     if len(router_args) != layout.router_processes:
         raise ValueError(f"{len(router_args)} router argument lists for {layout.router_processes} router processes")
-    share_port = ["--share-port"] if layout.router_processes > 1 else []
-    return [subprocess.Popen([*sluice_command("router"), "--listen", listen, *share_port,
+    placed = ["--share-port"] if layout.router_processes > 1 else []
+    if layout.prefill_scheduler_port:
+        placed += ["--prefill-scheduler", layout.prefill_scheduler_address]
+    return [subprocess.Popen([*sluice_command("router"), "--listen", listen, *placed,
                               "--scheduler", layout.scheduler_address, *args], env=env,
                              start_new_session=own_sessions)
             for listen, args in zip(layout.router_listens, router_args)]

@@ -62,7 +62,10 @@ def _add_serve(commands) -> None:
                          help="also serve the OpenAI and Anthropic APIs over HTTP on this port, through smg "
                               "(pip install 'sluice[gateway]')")
     command.add_argument("--openai-metrics-port", type=int, default=29000, help="the gateway's Prometheus port")
-    add_worker_options(command)
+    command.add_argument("--pd", action="store_true",
+                         help="prefill/decode disaggregation: a prefill replica and a decode replica (each of "
+                              "-tp ranks), KV blocks moved between them over NIXL, and routers that pair them")
+    add_worker_options(command, with_scheduler=True)
     add_scheduler_options(command)
     add_router_options(command)
     add_operations_options(command)
@@ -82,18 +85,27 @@ def _serve(args) -> None:
     if gateway is not None and (args.auth_token or args.tls_cert):
         raise SystemExit("--openai-port: smg presents no token or TLS client setup to its workers; drop "
                          "--auth-token and --tls-cert and secure the gateway's HTTP port instead")
+    if args.pd and args.kv_role != "both":
+        raise SystemExit("--pd sets each replica's --kv-role itself")
     num_ranks = args.tensor_parallel_size * args.pipeline_parallel_size
-    layout = ServeLayout.on_free_ports(args.host, args.port, num_ranks, args.router_processes)
+    layout = ServeLayout.on_free_ports(args.host, args.port, num_ranks, args.router_processes, args.pd)
     tokenizer = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
     router = [*tokenizer, *access_flags(args), *router_flags(args)]
-    worker, scheduler = (operations_flags(args, metrics_port_offset=offset) for offset in (2, 1))
-    # metrics ports: router, scheduler, the worker's ranks, then the other routers
+    # metrics ports: router, scheduler, the worker's ranks, the other routers, then a prefill replica's scheduler and
+    # worker ranks
+    worker, scheduler, prefill_worker, prefill_scheduler = (
+        operations_flags(args, metrics_port_offset=offset)
+        for offset in (2, 1, num_ranks + args.router_processes + 2, num_ranks + args.router_processes + 1))
     routers = [operations_flags(args, metrics_port_offset=0 if i == 0 else 1 + num_ranks + i)
                for i in range(args.router_processes)]
     signals = StopSignals()
     processes = start_services(layout, [*worker_flags(args), *worker], [*scheduler_flags(args), *scheduler],
-                               [[*router, *operations] for operations in routers], own_sessions=True)
-    worker_service, scheduler_service, *router_services = (KeptService(p, RestartBackoff()) for p in processes)
+                               [[*router, *operations] for operations in routers], own_sessions=True,
+                               prefill_args=([*worker_flags(args), *prefill_worker],
+                                             [*scheduler_flags(args), *prefill_scheduler]))
+    kept = [KeptService(p, RestartBackoff()) for p in processes]
+    worker_service, scheduler_service = kept[:2]
+    router_services, prefill_services = kept[2:2 + args.router_processes], kept[2 + args.router_processes:]
     gateway_services = []
     try:
         with signals.interrupting():
@@ -107,13 +119,14 @@ def _serve(args) -> None:
             with signals.interrupting():
                 wait_until_gateway_serves(gateway, args.startup_timeout, smg)
             print(f"the OpenAI API is on {gateway.url}/v1", flush=True)
-        keep_running([worker_service, scheduler_service, *router_services, *gateway_services],
+        keep_running([worker_service, scheduler_service, *router_services, *prefill_services, *gateway_services],
                      until=lambda: signals.requested)
     except StopRequested:
         pass
     finally:
-        stopped = stop_in_stages([gateway_services, router_services, [scheduler_service], [worker_service]],
-                                 args.drain_timeout, forced=lambda: signals.forced)
+        stopped = stop_in_stages([gateway_services, router_services, [scheduler_service, *prefill_services[1:]],
+                                  [worker_service, *prefill_services[:1]]], args.drain_timeout,
+                                 forced=lambda: signals.forced)
     sys.exit(0 if stopped else 1)
 
 
@@ -175,6 +188,9 @@ def _add_router(commands) -> None:
                               "share of its connections")
     command.add_argument("--scheduler", default="127.0.0.1:50052",
                          help="the scheduler's address; comma-separated to balance over several replicas")
+    command.add_argument("--prefill-scheduler",
+                         help="prefill replicas' schedulers (--kv-role prefill), comma-separated: each request "
+                              "prefills on one of them and decodes on one of --scheduler's (--kv-role decode)")
     command.add_argument("--model", type=Path, help="where the tokenizer is (default: SmolLM2-135M)")
     command.add_argument("--no-tokenizer", action="store_true", help="token ids in and out (random-weight models)")
     add_router_options(command)
@@ -189,9 +205,10 @@ def _router(args) -> None:
     tokenizer = None if args.no_tokenizer else args.model or default_model()
     interceptors, credentials = access_from(args, args.auth_token or os.environ.get("SLUICE_AUTH_TOKEN"))
     schedulers = args.scheduler.split(",")
+    prefill = args.prefill_scheduler.split(",") if args.prefill_scheduler else []
     _run_service(args, lambda operations: serve(tokenizer, schedulers, args.listen.split(","), operations,
                                                 interceptors, credentials, config=router_config(args),
-                                                share_port=args.share_port))
+                                                share_port=args.share_port, prefill_scheduler_addresses=prefill))
 
 
 def _tracing_enabled() -> bool:

@@ -7,9 +7,12 @@ from sluice.router.config import RouterConfig
 from sluice.scheduler.config import SchedulerConfig
 from sluice.worker.config import WorkerConfig
 
+SHARED_OPTIONS = ("kv_role",)  # one flag of the scheduler's, which sets the workers' too where one command starts both
 
-def add_worker_options(parser) -> None:
-    add_options(parser, WorkerConfig)
+
+def add_worker_options(parser, with_scheduler: bool = False) -> None:
+    """with_scheduler: the command also takes the scheduler's options, which set the shared ones."""
+    add_options(parser, WorkerConfig, skip=SHARED_OPTIONS if with_scheduler else ())
 
 
 def add_scheduler_options(parser) -> None:

@@ -406,7 +406,16 @@ def check_curl(command: Command, script_parses) -> None:
                 pytest.fail(f"{command}: the body is not JSON: {error}")
 
 
-RULES = {"sluice": check_sluice, "python": check_python, "python3": check_python, "pytest": check_pytest,
+def check_smg(command: Command, script_parses) -> None:
+    """smg's own parser takes the arguments (it exits on one it does not know)."""
+    from smg.launch_router import parse_router_args
+
+    args = list(command.argv[1:])
+    assert args[:1] == ["launch"], f"{command}: no rule for smg {args[:1]}"
+    parse_router_args(args[1:])
+
+
+RULES = {"sluice": check_sluice, "smg": check_smg, "python": check_python, "python3": check_python, "pytest": check_pytest,
          "pip": check_pip, "kubectl": check_kubectl, "docker": check_docker, "grpcurl": check_grpcurl,
          "curl": check_curl}
 

@@ -28,11 +28,13 @@ WORKER = dict(model="SmolLM2-tiny", load_format="dummy", dtype="bfloat16", quant
               enforce_eager=True, dependent_launch=False, kernels="torch", tensor_parallel_size=TENSOR_PARALLEL_SIZE,
               pipeline_parallel_size=PIPELINE_PARALLEL_SIZE, pp_layer_partition="1,1",
               enable_expert_parallel=True, dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy",
-              compile_cache=str(Path(tempfile.gettempdir()) / "sluice-serve-options-compile-cache"))
+              compile_cache=str(Path(tempfile.gettempdir()) / "sluice-serve-options-compile-cache"),
+              kv_role="prefill")
 SCHEDULER = dict(num_blocks=64, block_size=32, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
                  enable_prefix_caching=False, policy="fcfs", max_waiting_requests=16, max_waiting_tokens=100_000,
                  speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3,
-                 step_timeout=30.0, max_num_encoder_input_tokens=4096, encoder_cache_size=4096)
+                 step_timeout=30.0, max_num_encoder_input_tokens=4096, encoder_cache_size=4096, kv_role="prefill",
+                 kv_lease_timeout=5.0, kv_pull_timeout=5.0)
 ROUTER = dict(max_request_bytes=1 << 20, max_images_per_request=4, max_image_pixels=512 * 512,
               max_image_bytes_per_request=1 << 22)
 OPERATIONS = dict(drain_timeout=5.0, metrics_host="127.0.0.1")  # and --metrics-port, one port per service

@@ -15,7 +15,7 @@ from sluice.cli.main import build_parser
 K8S = Path(__file__).parents[2] / "k8s"
 KUSTOMIZATIONS = {"base": K8S / "base", "cpu-demo": K8S / "overlays" / "cpu-demo", "gpu": K8S / "overlays" / "gpu",
                   "gateway": K8S / "overlays" / "gateway", "gpu-pipeline": K8S / "overlays" / "gpu-pipeline",
-                  "gpu-shared-compile-cache": K8S / "overlays" / "gpu-shared-compile-cache"}
+                  "gpu-shared-compile-cache": K8S / "overlays" / "gpu-shared-compile-cache", "pd": K8S / "overlays" / "pd"}
 READINESS = {"router": "sluice.v1.Generation", "scheduler": "sluice.v1.Scheduler", "worker": "sluice.v1.Worker"}
 CLOSE_SECONDS = 10  # a process's own stop after its drain: its server, its spans, a worker's ranks (5 s)
 
@@ -111,7 +111,8 @@ def test_probes_are_native_grpc_with_a_startup_probe_for_loading(rendered):
 
 def test_services_are_headless_and_every_container_exports_traces_and_metrics(rendered):
     services = [d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] != "sluice-gateway"]
-    assert {s["metadata"]["name"] for s in services} == {"sluice-router", "sluice-scheduler", "sluice-worker"}
+    assert {s["metadata"]["name"] for s in services} in ({"sluice-router", "sluice-scheduler", "sluice-worker"},
+                                                         {"sluice-router", "sluice-prefill", "sluice-decode"})
     assert all(s["spec"]["clusterIP"] == "None" for s in services)
     otel = next(d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sluice-otel")
     assert otel["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http")
@@ -203,3 +204,23 @@ def test_the_gateway_overlay_puts_smg_in_front_of_the_router_service():
         assert gateway[probe]["httpGet"] == {"path": path, "port": "http"}
     service = next(d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice-gateway")
     assert service["spec"]["ports"] == [{"name": "http", "port": options.port, "targetPort": "http"}]
+
+
+def test_the_pd_overlay_scales_prefill_and_decode_replicas_on_their_own_behind_the_router():
+    documents = render(KUSTOMIZATIONS["pd"])
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in documents}
+    router = next(c for _, c in _containers(documents) if c["name"] == "router")
+    sides = {"prefill": _option(router["args"], "prefill_scheduler"), "decode": _option(router["args"], "scheduler")}
+    for role, address in sides.items():
+        name = f"sluice-{role}"
+        service = kinds[("Service", name)]
+        assert address == f"{name}:{service['spec']['ports'][0]['port']}"
+        deployment = kinds[("Deployment", name)]
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        hpa = kinds[("HorizontalPodAutoscaler", name)]
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+        assert {_option(c["args"], "kv_role") for c in containers.values()} == {role}
+        worker_port = _option(containers["worker"]["args"], "listen").rsplit(":", 1)[1]
+        assert _option(containers["scheduler"]["args"], "worker") == f"127.0.0.1:{worker_port}"
+    assert not any(kind in (("Deployment", "sluice-scheduler"), ("StatefulSet", "sluice-worker")) for kind in kinds)

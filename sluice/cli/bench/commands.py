@@ -61,7 +61,7 @@ def add_bench_commands(commands) -> None:
 
 
 def _add_engine_options(parser) -> None:
-    add_worker_options(parser)
+    add_worker_options(parser, with_scheduler=True)
     add_scheduler_options(parser)
     add_router_process_options(parser)
 

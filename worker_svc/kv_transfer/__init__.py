@@ -1,0 +1,1 @@
+"""The worker's KV transfers between replicas (prefill/decode disaggregation), over NIXL."""
