@@ -41,7 +41,7 @@ class ModelledWorker(worker_pb2_grpc.WorkerServicer):
 
     async def GetInfo(self, request, context):
         return pb.WorkerInfo(model="modelled", architecture="modelled", max_model_len=8192, vocab_size=VOCAB_SIZE,
-                             dtype="bfloat16", eos_token_ids=[0], world_size=1)
+                             dtype="bfloat16", eos_token_ids=[0], world_size=1, kv_role="both")
 
     async def InitCache(self, request, context):
         return pb.InitCacheResponse(num_blocks=request.num_blocks or 60000, block_size=request.block_size)
