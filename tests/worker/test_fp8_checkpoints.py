@@ -18,6 +18,7 @@ from sluice.worker.loading.weights import load_checkpoint
 from sluice.worker.models.shard_layout import ShardLayout
 from sluice.worker.ops.fp8 import FP8, quantize_rows
 from sluice.worker.ops.fp8_gemm import fp8_gemm_for
+from sluice.worker.parallel.group import ReplicaGroups
 from tests.worker.fp8_checkpoints import BLOCK, write_fp8_checkpoint, write_kv_cache_scales
 from tests.worker.rank_group import run_on_ranks
 from tests.worker.stepping import prompt_logits
@@ -242,7 +243,7 @@ def test_each_rank_reads_the_whole_models_slices(checkpoint, method, strategy):
 
 
 def _check_rank_logits(group, folder, prompt: list[int], expected: torch.Tensor) -> None:
-    logits = prompt_logits(WorkerEngine.load(WorkerConfig(model=str(folder)), group), prompt)
+    logits = prompt_logits(WorkerEngine.load(WorkerConfig(model=str(folder)), ReplicaGroups(group, None)), prompt)
     if group.is_driver:
         kl = F.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(expected, -1), log_target=True,
                       reduction="none").sum(-1)
