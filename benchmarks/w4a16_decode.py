@@ -24,7 +24,7 @@ from benchmarks.kernel_timings import copy_bandwidth_gbs
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096), "down_proj": (4096, 14336)}
 GROUP = 128
-SWEEP = dict(BLOCK_N=(8, 16, 32), BLOCK_K=(512, 1024), STAGES=(3, 4), num_warps=(4, 8))
+SWEEP = dict(BLOCK_N=(16, 32, 64), BLOCK_K=(256, 512, 1024), STAGES=(3,), num_warps=(4, 8))
 
 
 def graph_us(fn) -> float:
@@ -55,8 +55,8 @@ def main() -> None:
             print(f"{name} {n}x{k} m={m}: {row['us']:.1f} us, {row['copy_fraction']:.0%} of copy at {default}; "
                   f"best {best['us']:.1f} us ({nbytes / best['us'] / 1e3 / copy_gbs:.0%}) at {best['config']}")
             results["rows"].append(row)
-    with open(args.out, "w") as out:
-        json.dump(results, out, indent=1)
+            with open(args.out, "w") as out:  # after each row, so a sweep cut short keeps what it measured
+                json.dump(results, out, indent=1)
 
 
 def sweep(x: torch.Tensor, weight) -> list[dict]:

@@ -6,10 +6,10 @@ Two kernels, picked by the number of rows:
   tile and the slice's packed words [BLOCK_K / 8, BLOCK_N], unpacks them into [BLOCK_K, BLOCK_N] values, subtracts
   the group's zero points, multiplies by its scales (one row of each: a slice lies in one group) and feeds tl.dot in
   the activation dtype, accumulating in float32.
-- the decode kernel (a few rows): like kernels.fused_linear's one-row weight streams, a program owns BLOCK_N output
-  features of every row and streams their packed words once, in long K slices of several groups; each group's
-  4-bit values are summed against each row's inputs in float32 and scaled once, without tensor cores, so a weight
-  costs an unpack, a conversion and one multiply-add (the bound at batch 1 is the weights' bytes, not arithmetic).
+- the decode kernel (a few rows): a program owns BLOCK_N output features of every row and streams their packed
+  words once, in K slices; each word's eight values are summed against each row's inputs in float32 and scaled per
+  word, without tensor cores, and the per-word sums are added over K after the loop, so the loop has no reduction
+  across threads (the bound at batch 1 is the weights' bytes, not arithmetic).
 The GEMM rounds the dequantized weight to the activation dtype first, as the reference (dequantize, then F.linear)
 does; the decode kernel does not round it, and agrees with the reference to the activation dtype's rounding.
 """
@@ -73,43 +73,40 @@ def _w4a16_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program pid computes y[:M, cols] for output features cols = [pid * BLOCK_N, +BLOCK_N), M <= BLOCK_M: the
-    features' packed words are read once. A K slice is SUBS runs of SUB inputs, each within one group (a slice holds
-    whole groups, or lies within one); each run's 4-bit values are summed against each row's inputs and scaled once:
-    sum((q - zero) * scale * x) = scale * (sum(q * x) - zero * sum(x)), in float32."""
+    features' packed words are read once, BLOCK_K / 8 words of each a K slice. A word's eight inputs lie in one group
+    (the group is a multiple of 16), so per word and row sum((q - zero) * scale * x) = scale * (sum(q * x) - zero *
+    sum(x)); the products stay per word in float32 and are summed over K once, after the loop."""
     wait_for_inputs(PDL)
-    SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
-    SUBS: tl.constexpr = BLOCK_K // SUB
+    WORDS: tl.constexpr = BLOCK_K // 8
     pid_n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
+    x_rows = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * stride_x  # rows past M: dropped at the store
     cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-    runs = tl.arange(0, SUBS)
-    words_of_run = runs[:, None] * (SUB // 8) + tl.arange(0, SUB // 8)[None, :]  # [SUBS, SUB / 8]
-    inputs_of_run = 8 * words_of_run[:, :, None] + tl.arange(0, 8)[None, None, :]  # [SUBS, SUB / 8, 8]
-    shifts = 4 * tl.arange(0, 8)[None, None, :, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    word_rows = tl.arange(0, WORDS)
+    acc = tl.zeros([BLOCK_M, WORDS, BLOCK_N], tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # without dots, pipelined only when asked
-        words = tl.load(qweight_ptr + (k // 8 + words_of_run)[:, :, None] * N + cols[None, None, :])
-        q = ((words[:, :, None, :] >> shifts) & 0xF).to(tl.float32)  # [SUBS, SUB / 8, 8, BLOCK_N]
-        groups = (k + runs * SUB) // GROUP
-        scale = tl.load(scales_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)  # [SUBS, BLOCK_N]
+        words = tl.load(qweight_ptr + (k // 8 + word_rows)[:, None] * N + cols[None, :])  # [WORDS, BLOCK_N]
+        groups = (k + 8 * word_rows) // GROUP
+        scale = tl.load(scales_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
         if HAS_ZEROS:
             zero = tl.load(zeros_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
         else:
             zero = _SYMMETRIC_ZERO
-        x_cols = input_columns(perm_ptr, k + inputs_of_run, HAS_PERM)
-        for m in tl.static_range(BLOCK_M):  # -- each row's product with the slice
-            a = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_x + x_cols).to(tl.float32)  # rows past M: dropped
-            qx = tl.sum(tl.sum(q * a[:, :, :, None], 2), 1)  # [SUBS, BLOCK_N]
-            ax = tl.sum(tl.sum(a, 2), 1)[:, None]
-            acc += tl.where(rows[:, None] == m, tl.sum(scale * (qx - zero * ax), 0)[None, :], 0.0)
-    _store(out_ptr, acc, bias_ptr, rows, rows < M, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
+        qx = tl.zeros([BLOCK_M, WORDS, BLOCK_N], tl.float32)
+        xs = tl.zeros([BLOCK_M, WORDS], tl.float32)
+        for j in tl.static_range(8):
+            q = ((words >> (4 * j)) & 0xF).to(tl.float32)
+            x = tl.load(x_rows + input_columns(perm_ptr, k + 8 * word_rows + j, HAS_PERM)[None, :]).to(tl.float32)
+            qx += q[None, :, :] * x[:, :, None]
+            xs += x
+        acc += scale[None, :, :] * (qx - zero * xs[:, :, None])
+    _store(out_ptr, tl.sum(acc, 1), bias_ptr, rows, rows < M, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
 
 
-def _decode_block_k(group: int, k: int, largest: int) -> int:
-    """The decode kernel's K slice: the largest power of two up to `largest` that divides k and holds whole groups
-    or lies within one."""
+def _decode_block_k(k: int, largest: int) -> int:
+    """The decode kernel's K slice: the largest power of two up to `largest` that divides k."""
     block = largest
-    while k % block or (group % block and block % group):
+    while k % block:
         block //= 2
     return block
 
@@ -129,14 +126,14 @@ def w4a16_launch_config(m: int, n: int, k: int, group: int, dtype: torch.dtype, 
         tiles = dict(BLOCK_N=min(128, triton.next_power_of_2(n)), BLOCK_K=_block_k(group, 128), num_warps=1)
         if decode:
             return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), STAGES=1) | tiles | dict(
-                BLOCK_K=_decode_block_k(group, k, 128))
+                BLOCK_K=_decode_block_k(k, 128))
         return dict(decode=False, BLOCK_M=min(64, max(16, triton.next_power_of_2(m))), GROUP_M=1) | tiles
     # NOTE: none of these tiles is measured yet (no GPU in the session that wrote them); the decode rule follows
     # fused_linear's measured one (a few features a program, long K slices, 4 warps), widened to 32 features so the
     # N-contiguous words load coalesced, and the GEMM rule follows kernels.fused_moe's table (itself vLLM's).
     # tests/kernels/w4a16_h200_compile.py checks each compiles for the H200 without spills, pipelined.
     if decode:
-        return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=16, BLOCK_K=_decode_block_k(group, k, 512),
+        return dict(decode=True, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=16, BLOCK_K=_decode_block_k(k, 512),
                     STAGES=3, num_warps=4)
     if m <= 32:
         config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)
@@ -164,9 +161,10 @@ def w4a16_linear(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None
         return out
     config = dict(launch_config or w4a16_launch_config(m, n, weight.in_features, weight.group_size, x.dtype,
                                                             x.device))
-    block_k, group = config["BLOCK_K"], weight.group_size
-    if group % block_k and (not config["decode"] or block_k % group or weight.in_features % block_k):
-        raise ValueError(f"a K slice of {block_k} crosses groups of {group}")
+    block_k = config["BLOCK_K"]
+    if weight.in_features % block_k or not config["decode"] and weight.group_size % block_k:
+        raise ValueError(f"a K slice of {block_k} does not divide {weight.in_features} inputs or (in the GEMM) lie "
+                         f"within groups of {weight.group_size}")
     args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(bias, x), out,
             m, n, weight.in_features, x.stride(0), out.stride(0))
     flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
