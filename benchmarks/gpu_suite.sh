@@ -11,6 +11,9 @@
 #   sampling    the sampling tests on the GPU (its kernels against the torch path), the sampling step alone at 256 x
 #               151,936, and the standard workload greedy and sampled through gRPC
 #   kernels     the kernel tests and benchmarks
+#   vl          Qwen2.5-VL-7B through gRPC, 256 requests of one 448 x 448 image and 100 text tokens in / 128 out, then
+#               the same text only; with images it reports the prompt tokens (template and placeholders too) and the
+#               vision encoder's share of the worker's step time
 #   warmup      no request pays for a compile: the sampler warm-up's tests (no step compiles after it), then each
 #               sampling variant's first request on a stack with an empty compile cache against a stack on the warm
 #               cache, with both start-ups and the warm-up in them (benchmarks/first_request.py)
@@ -170,6 +173,11 @@ for stage in ${STAGES:-agreement worker profile throughput latency serve samplin
     window)
       timeout 420 python3 benchmarks/sliding_window.py "$OUT/sliding_window.json" 2>&1 \
         | grep -v -e Warning -e STAGE: -e USDT: | tail -30 ;;
+    vl)
+      for images in 1 0; do
+        bench throughput --model Qwen2.5-VL-7B "${DUMMY[@]}" --num-requests 256 --input-len 100 100 \
+          --output-len 128 128 --images-per-request $images --image-size 448 448 --out "$OUT/vl_images$images.json"
+      done ;;
     warmup)
       timeout 400 python3 -m pytest -q -p no:cacheprovider tests/worker/test_sampler_warm_up.py 2>&1 | tail -3 \
         | tee "$OUT/warm_up_tests.txt"

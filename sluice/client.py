@@ -145,11 +145,15 @@ def text_request(text: str, **sampling) -> pb.GenerateRequest:
 
 def chat_request(content: str, images: Sequence[bytes | Path] = (), **sampling) -> pb.GenerateRequest:
     """One user message: the images (encoded, or their files), then the text."""
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[user_message(content, images)]),
+                              sampling=sampling_params(**sampling))
+
+
+def user_message(content: str, images: Sequence[bytes | Path] = ()) -> pb.ChatMessage:
+    """The images (encoded, or their files), then the text."""
     if images:
-        message = pb.ChatMessage(role="user", parts=[*map(image_part, images), pb.ContentPart(text=content)])
-    else:
-        message = pb.ChatMessage(role="user", content=content)
-    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[message]), sampling=sampling_params(**sampling))
+        return pb.ChatMessage(role="user", parts=[*map(image_part, images), pb.ContentPart(text=content)])
+    return pb.ChatMessage(role="user", content=content)
 
 
 def image_part(image: bytes | Path) -> pb.ContentPart:

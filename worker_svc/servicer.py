@@ -89,7 +89,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 while not step.ready():  # polled: a thread blocked in the driver would slow the launches
                     await asyncio.sleep(0)
                 outcome = await self._run_step_call(self.engine.finish, step)
-                self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started)
+                encoder_seconds = None if step.encoder_span is None else step.encoder_span.seconds()
+                self.telemetry.step_finished(plan, outcome, self.engine.num_live_requests, started, encoder_seconds)
                 yield outcome_to_pb(outcome)
             await launcher  # raises what failed a launch
         except Exception as error:

@@ -15,8 +15,14 @@ _ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str):
         labels = {"model_name": model_name}
-        self.step_seconds = Histogram("sluice:worker_step_seconds", "Time to execute one engine step.",
+        self.step_seconds = Histogram("sluice:worker_step_seconds",
+                                      "Time to execute one engine step, from its launch or the end of the step "
+                                      "before it, whichever is later.",
                                       list(labels), buckets=_STEP_SECONDS, registry=registry).labels(**labels)
+        self.vision_encoder_seconds = Histogram("sluice:worker_vision_encoder_seconds",
+                                                "Device time of a step's vision-encoder pass over its new images.",
+                                                list(labels), buckets=_STEP_SECONDS,
+                                                registry=registry).labels(**labels)
         self.iteration_tokens = Histogram("vllm:iteration_tokens_total", "Tokens computed per engine step.",
                                           list(labels), buckets=_ITERATION_TOKENS, registry=registry).labels(**labels)
         self.num_requests = Gauge("sluice:worker_num_requests", "Requests whose state the worker holds.",
@@ -31,6 +37,7 @@ class WorkerStepTelemetry:
         self.tracer = tracer
         self.metrics = metrics
         self._prefill_spans: dict[str, trace.Span] = {}  # until the request samples its first token
+        self._last_finished = 0.0  # perf_counter: steps overlap in flight, and each counts from the last one's end
 
     def step_started(self, plan: StepPlan) -> float:
         """Returns the step's start time, for step_finished."""
@@ -46,9 +53,15 @@ class WorkerStepTelemetry:
                     })
         return time.perf_counter()
 
-    def step_finished(self, plan: StepPlan, outcome: StepOutcome, num_live_requests: int, started: float) -> None:
+    def step_finished(self, plan: StepPlan, outcome: StepOutcome, num_live_requests: int, started: float,
+                      encoder_seconds: float | None = None) -> None:
+        """encoder_seconds: the step's vision-encoder pass, where it had one."""
+        finished = time.perf_counter()
         self.metrics.num_requests.set(num_live_requests)
-        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        self.metrics.step_seconds.observe(finished - max(started, self._last_finished))
+        self._last_finished = finished
+        if encoder_seconds is not None:
+            self.metrics.vision_encoder_seconds.observe(encoder_seconds)
         self.metrics.iteration_tokens.observe(plan.total_num_scheduled_tokens)
         for request_id in outcome.sampled_token_ids:
             self._end_prefill(request_id)

@@ -12,7 +12,7 @@ from pathlib import Path
 from sluice.cli.bench.commands import add_bench_commands
 from sluice.cli.compile_cache import use_compile_cache
 from sluice.cli.generate_command import add_generate_command
-from sluice.cli.model_store import default_model
+from sluice.cli.model_store import cache_dir, default_model
 from sluice.cli.operations_flags import (access_flags, access_from, add_access_options, add_operations_options,
                                          operations_flags, operations_from)
 from sluice.cli.service_flags import (add_router_options, add_router_process_options, add_scheduler_options,
@@ -75,6 +75,7 @@ def _add_serve(commands) -> None:
 
 def _serve(args) -> None:
     """Stops on a signal as serve_stop says: exit code 0 once every service has stopped on its own, else 1."""
+    from sluice.cli.dummy_folder import router_model_flags
     from sluice.cli.gateway import GatewayLayout, gateway_command, wait_until_gateway_serves
     from sluice.cli.launcher import (KeptService, RestartBackoff, ServeLayout, keep_running, start_services,
                                      wait_until_routers_serve)
@@ -89,8 +90,8 @@ def _serve(args) -> None:
         raise SystemExit("--pd sets each replica's --kv-role itself")
     num_ranks = args.tensor_parallel_size * args.pipeline_parallel_size
     layout = ServeLayout.on_free_ports(args.host, args.port, num_ranks, args.router_processes, args.pd)
-    tokenizer = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
-    router = [*tokenizer, *access_flags(args), *router_flags(args)]
+    router = [*router_model_flags(args.load_format, args.model, cache_dir()), *access_flags(args),
+              *router_flags(args)]
     # metrics ports: router, scheduler, the worker's ranks, the other routers, then a prefill replica's scheduler and
     # worker ranks
     worker, scheduler, prefill_worker, prefill_scheduler = (

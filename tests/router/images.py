@@ -1,17 +1,10 @@
 """Encoded test images of random pixels, and a chat message that holds them."""
-import io
-
-import numpy as np
-from PIL import Image
-
+from sluice.cli.bench.image_workload import random_png
 from sluice.v1 import generation_pb2 as pb
 
 
 def png(height: int, width: int, seed: int = 0) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return random_png(width, height, seed)
 
 
 def user_message(*parts: str | bytes) -> pb.ChatMessage:

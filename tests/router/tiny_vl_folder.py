@@ -4,21 +4,11 @@ patch sizes, and random weights over the tokenizer's vocabulary."""
 import json
 from pathlib import Path
 
+from sluice.cli.dummy_folder import QWEN2_5_VL_CHAT_TEMPLATE
 from tests.worker.tiny_qwen2_5_vl import hf_model
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 MIN_PIXELS, MAX_PIXELS = 4 * 4, 32 * 32  # 1 to 64 merged tokens an image
-CHAT_TEMPLATE = (  # Qwen2.5-VL's
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in "
-    "content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
-    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] "
-    "== 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
-    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content "
-    "%}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n{% endif %}")
 PREPROCESSOR_CONFIG = {
     "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
     "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
@@ -33,9 +23,9 @@ def tiny_vl_folder(tokenizer_dir: Path, folder: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-    (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_5_VL_CHAT_TEMPLATE}))
     (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG))
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     model = hf_model(vocab_size=len(tokenizer))

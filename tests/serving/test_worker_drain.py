@@ -21,7 +21,8 @@ DRAIN_TIMEOUT = 30.0
 def _engine_holding_a_request() -> SimpleNamespace:
     """Runs empty steps; holds one request whose end its scheduler never sent."""
     return SimpleNamespace(num_live_requests=1, device=torch.device("cpu"), group=None,
-                           launch=lambda plan: SimpleNamespace(ready=lambda: True, step_id=plan.step_id, arriving=None),
+                           launch=lambda plan: SimpleNamespace(ready=lambda: True, step_id=plan.step_id, arriving=None,
+                                                               encoder_span=None),
                            finish=lambda step: StepOutcome(step.step_id, {}))
 
 

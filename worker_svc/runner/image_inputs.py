@@ -14,6 +14,7 @@ from sluice.core.images import ImageInput
 from sluice.core.step_plan import StepPlan
 from sluice.worker.models.mrope import image_positions
 from sluice.worker.runner.batch_state import BatchState, RequestState
+from sluice.worker.runner.device_timer import TimedSpan, timed_span
 
 
 @dataclass(slots=True)
@@ -29,12 +30,15 @@ class ImageInputs:
         self.device = device
         self.encoder_outputs: dict[bytes, torch.Tensor] = {}  # image hash -> [placeholders, hidden]
 
-    def apply(self, plan: StepPlan, batch: BatchState) -> None:
-        """The plan's changes to the encoder cache, and the M-RoPE positions of its new requests with images."""
+    def apply(self, plan: StepPlan, batch: BatchState) -> TimedSpan | None:
+        """The plan's changes to the encoder cache, and the M-RoPE positions of its new requests with images. Returns
+        the device time of its encoder pass, where it has one."""
+        span = None
         for image_hash in plan.freed_encoder_hashes:
             del self.encoder_outputs[image_hash]
         if plan.encoder_inputs:
-            self._encode(plan.encoder_inputs)
+            with timed_span(self.device) as span:
+                self._encode(plan.encoder_inputs)
         for new in plan.new_requests:
             if new.images:
                 state = batch.requests[new.request_id]
@@ -42,6 +46,7 @@ class ImageInputs:
                 state.mrope_positions, state.position_delta = image_positions(
                     state.num_prompt_tokens, [image.offset for image in new.images],
                     [image.grid_thw for image in new.images], self.model.config.vision.spatial_merge_size)
+        return span
 
     def step_inputs(self, states: list[RequestState], query_lens: list[int]) -> ImageStepInputs | None:
         """The step's image inputs; None when no request's chunk reaches its last image's placeholders."""

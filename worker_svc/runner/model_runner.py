@@ -11,6 +11,7 @@ from sluice.core.step_plan import StepOutcome, StepPlan
 from sluice.worker.ops.attention_metadata import rows_per_program
 from sluice.worker.runner.batch_state import BatchState, RequestState
 from sluice.worker.runner.decode_continuation import DecodeContinuation
+from sluice.worker.runner.device_timer import TimedSpan
 from sluice.worker.runner.draft_proposer import DraftProposer
 from sluice.worker.runner.forward_pass import ForwardPass
 from sluice.worker.runner.image_inputs import ImageInputs
@@ -37,6 +38,7 @@ class LaunchedStep:
     copied: torch.cuda.Event | None = None
     prompt_logprobs: LogprobTensors | None = None
     outcome: StepOutcome | None = None
+    encoder_span: TimedSpan | None = None  # a vision-language model's encoder pass over the step's new images
 
     @property
     def arriving(self) -> Future | None:
@@ -90,8 +92,7 @@ class ModelRunner:
         if self._unfinished and self.sampler.grammars.active:
             self.finish(self._unfinished[-1])  # grammar matchers advance on the host before the next mask
         self.batch.apply(plan)
-        if self.images is not None:
-            self.images.apply(plan, self.batch)
+        encoder_span = None if self.images is None else self.images.apply(plan, self.batch)
         self.sampler.apply(plan)
         if plan.block_copies:
             copy_blocks(self.kv_caches, plan.block_copies)
@@ -126,7 +127,7 @@ class ModelRunner:
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
-        step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs)
+        step = LaunchedStep(plan.step_id, sample, sampled, prompt_logprobs=prompt_logprobs, encoder_span=encoder_span)
         results = [sample.token_ids] if sample.num_accepted is None else [sample.token_ids, sample.num_accepted]
         if drafts is not None:
             results.append(drafts.token_ids.flatten())

@@ -11,6 +11,8 @@ from sluice.cli.bench.sampling_flags import add_sampling_options, with_sampling
 from sluice.cli.bench.workload import (BenchRequest, as_text, length_ranges, nano_vllm_workload, random_workload,
                                        read_workload, write_workload)
 from sluice.cli.compile_cache import use_compile_cache
+from sluice.cli.dummy_folder import router_model, router_model_flags
+from sluice.cli.model_store import cache_dir
 from sluice.cli.service_flags import (add_router_process_options, add_scheduler_options, add_worker_options,
                                       scheduler_flags, scheduler_options, worker_config, worker_flags)
 
@@ -26,6 +28,7 @@ def add_bench_commands(commands) -> None:
     throughput.add_argument("--hf-batch-size", type=int, default=256)
     throughput.add_argument("--client-processes", type=int, default=1,
                             help="load client processes, one event loop each, the requests dealt out among them")
+    _add_image_options(throughput)
     throughput.set_defaults(run=_throughput)
 
     latency = bench.add_parser("latency", help="batch-1 time per output token")
@@ -33,6 +36,7 @@ def add_bench_commands(commands) -> None:
     _add_workload_options(latency, num_requests=3, input_len=(128, 128), output_len=(128, 128))
     latency.add_argument("--in-process", action="store_true")
     latency.add_argument("--baseline", choices=["hf"], help="also time Hugging Face transformers' generate at batch 1")
+    _add_image_options(latency)
     latency.set_defaults(run=_latency)
 
     serve = bench.add_parser("serve", help="Poisson arrivals or fixed concurrency against a running router")
@@ -84,12 +88,22 @@ def _add_workload_options(parser, num_requests: int, input_len: tuple[int, int],
     add_sampling_options(parser)
 
 
+def _add_image_options(parser) -> None:
+    parser.add_argument("--images-per-request", type=int, default=0,
+                        help="random-pixel PNG images of each request's own, sent through the gRPC stack before its "
+                             "prompt as text (--input-len of text tokens) in one chat message; the report gives the "
+                             "prompt tokens with the chat template's and the placeholders, and the vision encoder's "
+                             "share of the worker's step time")
+    parser.add_argument("--image-size", type=int, nargs=2, default=(448, 448), metavar=("WIDTH", "HEIGHT"))
+
+
 def _vocab_size(args) -> int:
     if args.load_format == "dummy":
         from sluice.worker.loading.shapes import shape_config
 
         return shape_config(str(args.model))["vocab_size"]
-    return json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    return config.get("text_config", config)["vocab_size"]  # a vision-language model's is its language model's
 
 
 def _resolve_model(args) -> None:
@@ -106,15 +120,27 @@ def _workload(args) -> list[BenchRequest]:
         requests = read_workload(args.workload)
         args.num_requests, (args.input_len, args.output_len) = len(requests), length_ranges(requests)
     else:
-        requests = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len),
-                                   _vocab_size(args), args.seed)
+        requests = _with_images(args, random_workload(args.num_requests, tuple(args.input_len),
+                                                      tuple(args.output_len), _vocab_size(args), args.seed), args.seed)
     return with_sampling(requests, args)
 
 
 def _warm_up(args) -> list[BenchRequest]:
     """Four requests drawn like the workload's, from another seed: they hit no prefix cache in the timed run."""
-    return with_sampling(random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args),
-                                         args.seed + 1), args)
+    requests = random_workload(4, tuple(args.input_len), tuple(args.output_len), _vocab_size(args), args.seed + 1)
+    return with_sampling(_with_images(args, requests, args.seed + 1), args)
+
+
+def _with_images(args, requests: list[BenchRequest], seed: int) -> list[BenchRequest]:
+    if not args.images_per_request:
+        return requests
+    from sluice.cli.bench.image_workload import with_images
+    from sluice.router.multimodal.vision_prompts import model_takes_images
+
+    folder = router_model(args.load_format, args.model, cache_dir())
+    if folder is None or not model_takes_images(folder):
+        raise SystemExit("--images-per-request needs a vision-language model")
+    return with_images(requests, folder / "tokenizer.json", args.images_per_request, tuple(args.image_size), seed)
 
 
 def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = None,
@@ -122,14 +148,16 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
     from sluice.cli.bench.client_processes import timed_load
     from sluice.cli.bench.grpc_load import connections_for, run_load
     from sluice.cli.bench.process_cpu import ProcessCpu, format_busy_cores
-    from sluice.cli.launcher import ServeLayout, start_services, stop_services, wait_until_routers_serve
+    from sluice.cli.bench.worker_metrics import encoder_share, step_time_sums
+    from sluice.cli.launcher import ServeLayout, free_ports, start_services, stop_services, wait_until_routers_serve
     from sluice.client import scheduler_load
 
     layout = ServeLayout.on_free_ports(num_ranks=args.tensor_parallel_size * args.pipeline_parallel_size,
                                        router_processes=args.router_processes)
-    router_flags = ["--no-tokenizer"] if args.load_format == "dummy" else ["--model", args.model]
-    processes = start_services(layout, worker_flags(args), scheduler_flags(args),
-                               [router_flags] * args.router_processes)
+    metrics_port = free_ports(1)[0] if args.images_per_request else None
+    worker = worker_flags(args) + (["--metrics-port", str(metrics_port)] if metrics_port else [])
+    router = router_model_flags(args.load_format, args.model, cache_dir())
+    processes = start_services(layout, worker, scheduler_flags(args), [router] * args.router_processes)
     connections = args.connections or connections_for(args.router_processes)
     try:
         wait_until_routers_serve(layout, 900, processes)
@@ -137,14 +165,22 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
         services = dict(zip(("worker", "scheduler", *layout.router_names), (process.pid for process in processes)))
         cpu = ProcessCpu(services)
         before = scheduler_load(layout.scheduler_address)
+        step_times = [step_time_sums(metrics_port)] if metrics_port else []
         traces, duration, client_cpu = timed_load(layout.router_address, requests, concurrency, connections,
                                                   client_processes)
         busy_cores = cpu.busy_cores(duration) | {"client": client_cpu}
         after = scheduler_load(layout.scheduler_address)
+        step_times += [step_time_sums(metrics_port)] if metrics_port else []
     finally:
         stop_services(processes)
     print(format_busy_cores(busy_cores))
     result = {"name": "sluice (gRPC stack)", **summarize(traces, duration), "busy_cores": busy_cores}
+    if step_times:
+        result["text_prompt_tokens"] = sum(len(request.prompt_token_ids) for request in requests)
+        result["vision_encoder_share"] = encoder_share(*step_times)
+        print(f"prompt tokens: {result['prompt_tokens']} processed, {result['text_prompt_tokens']} of them text (the "
+              f"rest the chat template's and image placeholders)\n"
+              f"vision encoder: {result['vision_encoder_share']:.1%} of step time")
     if args.speculative_method:
         result["speculation"] = speculation = {name: getattr(after, name) - getattr(before, name)
                                                for name in ("num_draft_tokens", "num_accepted_tokens")}
@@ -154,6 +190,8 @@ def _through_grpc(args, requests: list[BenchRequest], concurrency: int | None = 
 
 
 def _offline_engine(args, enable_prefix_caching: bool):
+    if args.images_per_request:
+        raise SystemExit("--in-process takes token ids: images go through the gRPC stack")
     if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
         raise SystemExit("--in-process runs one worker; a tensor- or pipeline-parallel replica is measured through "
                          "the gRPC stack")

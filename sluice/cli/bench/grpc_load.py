@@ -8,6 +8,7 @@ import grpc
 from sluice.cli.bench.arrivals import drive
 from sluice.cli.bench.report import RequestTrace
 from sluice.cli.bench.workload import BenchRequest
+from sluice.client import user_message
 from sluice.core.sampling_params_pb import sampling_params_to_pb
 from sluice.serving.grpc_options import CHANNEL_OPTIONS
 from sluice.v1 import generation_pb2 as pb
@@ -33,12 +34,21 @@ async def run_load(address: str, requests: list[BenchRequest], rate: float | Non
 
         async def send(request: BenchRequest, trace: RequestTrace) -> None:
             stub = next(stubs)
-            message = pb.GenerateRequest(
-                tokens=pb.TokenIds(ids=request.prompt_token_ids), return_token_ids=True,
-                sampling=sampling_params_to_pb(request.sampling_params()))
-            async for response in stub.Generate(message):
+            async for response in stub.Generate(_generate_request(request)):
                 if response.HasField("chunk"):
                     now = time.perf_counter()
                     trace.token_times.extend([now] * len(response.chunk.token_ids))
+                elif response.HasField("complete"):  # the router's count: a chat template's and image placeholders too
+                    trace.num_prompt_tokens = response.complete.usage.prompt_tokens
 
         return await drive(send, requests, rate, concurrency, seed, progress)
+
+
+def _generate_request(request: BenchRequest) -> pb.GenerateRequest:
+    """Token ids, or with images one user message of them and the prompt's text."""
+    sampling = sampling_params_to_pb(request.sampling_params())
+    if request.images:
+        chat = pb.ChatMessages(messages=[user_message(request.prompt_text, request.images)])
+        return pb.GenerateRequest(chat=chat, return_token_ids=True, sampling=sampling)
+    return pb.GenerateRequest(tokens=pb.TokenIds(ids=request.prompt_token_ids), return_token_ids=True,
+                              sampling=sampling)

@@ -38,6 +38,8 @@ def summarize(traces: list[RequestTrace], duration: float) -> dict:
     prompt_tokens = sum(t.num_prompt_tokens for t in traces)
     return {
         "requests": len(traces),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
         "duration_s": duration,
         "requests_per_s": len(traces) / duration,
         "output_tokens_per_s": output_tokens / duration,

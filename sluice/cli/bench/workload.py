@@ -16,7 +16,8 @@ def _greedy() -> SamplingParams:
 class BenchRequest:
     prompt_token_ids: list[int]
     max_tokens: int
-    prompt_text: str = ""  # the same prompt as text, for a front that takes only text (set by as_text)
+    prompt_text: str = ""  # the same prompt as text, for a front that takes only text (set by as_text, with_images)
+    images: tuple[bytes, ...] = ()  # encoded images, sent before prompt_text in one chat message (with_images)
     sampling: SamplingParams = field(default_factory=_greedy)  # every control but max_tokens
 
     def sampling_params(self) -> SamplingParams:
