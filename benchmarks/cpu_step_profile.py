@@ -4,7 +4,7 @@ projections (the linear layers' GEMMs), attention (the context's gather, its pro
 other operators (norms, rotary, activations, sampling), and the host's Python around them (the run's time less
 all operators', on as many threads). The profiler's own cost inflates the small operators' share. The gRPC hops are the difference between `sluice bench throughput` and its `--in-process`.
 Prints JSON. Run from the repository root: .venv/bin/python benchmarks/cpu_step_profile.py [--dtype bfloat16]
-[--kernels torch] [--threads 1] [--num-requests 32 --input-len 64 256 --output-len 32 128]."""
+[--kernels torch] [--threads 1] [--top 20] [--num-requests 32 --input-len 64 256 --output-len 32 128]."""
 import argparse
 import json
 import time
@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--input-len", type=int, nargs=2, default=(64, 256))
     parser.add_argument("--output-len", type=int, nargs=2, default=(32, 128))
+    parser.add_argument("--top", type=int, default=0, help="also list this many operators, by their CPU time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     worker = WorkerEngine.load(WorkerConfig(model=str(default_model()), dtype=args.dtype, kernels=args.kernels))
@@ -50,7 +51,8 @@ def main() -> None:
         _generate(engine, workload)
         profiled_wall = time.perf_counter() - profiled_started
     seconds = {kind: 0.0 for kind in (*KINDS, "other operators")}
-    for event in profiler.key_averages():
+    events = profiler.key_averages()
+    for event in events:
         kind = next((kind for kind, names in KINDS.items() if event.key in names), "other operators")
         seconds[kind] += event.self_cpu_time_total / 1e6
     seconds["host, outside operators"] = max(0.0, profiled_wall * args.threads - sum(seconds.values()))
@@ -59,7 +61,9 @@ def main() -> None:
                       "output_tokens": output_tokens, "steps": steps,
                       "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "output_tokens_per_cpu_s": round(
                           output_tokens / cpu, 1),
-                      "share_of_profiled_time": {kind: round(value / total, 3) for kind, value in seconds.items()}}))
+                      "share_of_profiled_time": {kind: round(value / total, 3) for kind, value in seconds.items()},
+                      "top_operators": {event.key: round(event.self_cpu_time_total / 1e6 / total, 3) for event in
+                                        sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]}}))
 
 
 def _generate(engine: OfflineEngine, requests) -> int:
