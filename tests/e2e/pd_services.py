@@ -58,10 +58,11 @@ class PdServices:
         finally:
             self.decode_worker.send_signal(signal.SIGCONT)
 
-    def restart_prefill_worker(self) -> None:
-        """A new process in place of the prefill worker that exited, with its arguments (so at its address)."""
-        index = self.processes.index(self.prefill_worker)
-        self.prefill_worker = self.processes[index] = subprocess.Popen(self.prefill_worker.args, env=self.env)
+    def restart(self, process: subprocess.Popen) -> subprocess.Popen:
+        """A new process in place of one of the services' that exited, with its arguments (so at its address)."""
+        index = self.processes.index(process)
+        self.processes[index] = subprocess.Popen(process.args, env=self.env)
+        return self.processes[index]
 
     @contextmanager
     def side_router(self, side: str, model: Path | str, *args: str):
