@@ -46,8 +46,11 @@ class PdServices:
 
     def wait_until_pulling(self) -> None:
         """Until the decode replica has reserved the blocks of one pull and asked its worker to read them."""
-        wait_for(lambda: self.metric("decode", "sluice:kv_pulls") == 1
-                 and self.load("decode").num_free_blocks < self.load("decode").num_total_blocks)
+        def pulling() -> bool:
+            load = self.load("decode")
+            return self.metric("decode", "sluice:kv_pulls") == 1 and load.num_free_blocks < load.num_total_blocks
+
+        wait_for(pulling)
 
     @contextmanager
     def decode_worker_stopped(self):

@@ -1,9 +1,9 @@
-"""A replica of a disaggregated pair killed in the middle of a request, through the real services on the CPU with real
-NIXL: a prefill worker stopped while the decode replica reads its blocks fails the request with UNAVAILABLE at
---kv-pull-timeout, one killed then fails it at once, and the decode replica serves on with the prefill worker started
-again; a decode replica killed
-before it pulls fails the request with UNAVAILABLE at once, and the prefill replica's blocks come back when the lease
-expires. Each test kills a replica of its own pair of a tiny model's replicas."""
+"""A replica of a disaggregated pair stopped or killed in the middle of a request, through the real services on the
+CPU with real NIXL: a prefill worker stopped while the decode replica reads its blocks fails the request with
+UNAVAILABLE at --kv-pull-timeout, one killed then fails it at once, and the decode replica serves on with the prefill
+worker started again; a decode worker killed during the pull fails the request and ends the lease at once; a decode
+replica killed before it pulls fails the request with UNAVAILABLE, and the prefill replica's blocks come back when the
+lease expires. Each test kills processes of its own pair of a tiny model's replicas."""
 import os
 import signal
 import time
