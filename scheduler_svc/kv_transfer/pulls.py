@@ -31,6 +31,7 @@ class KvPulls:
         self._publish = publish
         self._wake = wake
         self._pulling: dict[str, tuple[Request, asyncio.Task]] = {}
+        metrics.kv_pulls.set_function(lambda: len(self._pulling))
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._pulling

@@ -1,6 +1,6 @@
 """The scheduler's Prometheus series (vLLM names) that its requests' progress writes: tokens, phase times, outcomes.
 Those its state holds are read at scrape time (sluice.scheduler.telemetry.load_metrics)."""
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sluice.serving.metric_buckets import REQUEST_SECONDS
 
@@ -31,6 +31,7 @@ class SchedulerMetrics:
                                           buckets=KV_TRANSFER_SECONDS)
         self.kv_transfer_failures = series(Counter, "sluice:kv_transfer_failures",
                                            "Pulls of KV blocks that failed their request.")
+        self.kv_pulls = series(Gauge, "sluice:kv_pulls", "Requests pulling their KV blocks from a prefill replica.")
         success = Counter("vllm:request_success", "Finished requests by finish reason.",
                           ["model_name", "finished_reason"], registry=registry)
         self.request_success = {reason: success.labels(model_name=model_name, finished_reason=reason)

@@ -1,9 +1,10 @@
 """Prefill/decode disaggregation through the real services on the CPU, KV blocks moved by real NIXL between worker
 processes: greedy tokens through a prefill and a decode replica are Hugging Face's and a single replica's, alone and
 8 at once with prefix-cache hits on both sides, at -tp 1 and with both replicas at -tp 2; a client that leaves in
-either leg frees both sides' blocks; a lease no decode replica claims expires; a decode leg whose prefill replica
-died fails with UNAVAILABLE in bounded time; smg's own PD mode over a router of each replica gives the native
-API's texts to the openai client. Every test ends with both sides' blocks free."""
+either leg or during the pull frees both sides' blocks; a lease no decode replica claims expires; a decode leg whose
+prefill replica died fails with UNAVAILABLE in bounded time; smg's own PD mode over a router of each replica gives
+the native API's texts to the openai client. Every test ends with both sides' blocks free (test_pd_faults kills
+replicas mid-request)."""
 import signal
 import subprocess
 import time
@@ -21,7 +22,7 @@ from sluice.cli.python_command import sluice_command
 from sluice.client import SluiceClient, text_request
 from sluice.v1 import scheduler_pb2
 from tests.e2e.hf_reference import hf_greedy
-from tests.e2e.pd_services import SchedulerStream, running_pd_services, scraped
+from tests.e2e.pd_services import SchedulerStream, running_pd_services, scraped, wait_for
 from tests.e2e.served_greedy import FAMILY_PROMPTS, MAX_NEW_TOKENS, token_request
 from tests.e2e.services import wait_for_serve
 from tests.e2e.test_tensor_parallel import TEXTS
@@ -60,12 +61,18 @@ def test_greedy_tokens_are_hfs_and_a_single_replicas_alone_and_together(pd, defa
     assert pd.metric("prefill", "sluice:kv_leases") == 0
 
 
-def test_a_client_that_leaves_in_either_leg_frees_both_sides(pd, hf_tokenizer):
+def test_a_client_that_leaves_in_either_leg_or_during_the_pull_frees_both_sides(pd, hf_tokenizer):
     expired = pd.metric("prefill", "sluice:kv_leases_expired_total")
     long_prompt = hf_tokenizer(" ".join(["river"] * 800)).input_ids
     stream = pd.client.stream(token_request(long_prompt, max_tokens=64))
-    _wait_for(lambda: pd.load("prefill").num_running == 1)
+    wait_for(lambda: pd.load("prefill").num_running == 1)
     stream.cancel()  # in the prefill leg
+    pd.wait_until_settled()
+    with pd.decode_worker_stopped():
+        stream = pd.client.stream(token_request(long_prompt[:80], max_tokens=8))
+        pd.wait_until_pulling()
+        stream.cancel()  # during the pull, which the stopped decode worker holds
+        pd.wait_until_settled()
     pd.wait_until_settled()
     stream = pd.client.stream(token_request(long_prompt[:40], max_tokens=400, ignore_eos=True))
     next(stream)
@@ -177,10 +184,3 @@ def _pair(prefill: SchedulerStream, decode: SchedulerStream, request_id: str, pr
     """Sends a disaggregated request by hand: its prefill leg, then its decode leg. Returns its id."""
     decode.submit(request_id, prompt, 8, _prefill_leg(prefill, request_id, prompt))
     return request_id
-
-
-def _wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
