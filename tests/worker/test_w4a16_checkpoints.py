@@ -158,6 +158,16 @@ def test_a_row_parallel_split_that_cuts_groups_is_refused(checkpoints):
         load_checkpoint(checkpoints["gptq-sym"][0], 0, 4)
 
 
+def test_an_act_order_split_off_multiples_of_16_is_refused(tmp_path):
+    """head_dim 24: at 4 ranks each would hold 24 of o_proj's 96 act-order inputs, cutting the kernels' K slices."""
+    folder, _ = write_w4a16_checkpoint(tmp_path, Variant("gptq", group=32, act_order=True), {**TINY_LLAMA,
+                                                                                           "head_dim": 24})
+    with pytest.raises(ValueError, match=r"rank 0 of 4 would hold inputs 0-24 of model\.layers\.0\.self_attn\.o_proj's "
+                                         "96, quantized with act-order: a rank's run of them must start and end at "
+                                         "multiples of 16"):
+        load_checkpoint(folder, 0, 4)
+
+
 @pytest.mark.parametrize("flag, message", [("awq", "--quantization awq needs a awq checkpoint"),
                                            ("fp8", "--quantization fp8 does not quantize a 4-bit")])
 def test_quantization_flag_must_name_the_checkpoints_method(checkpoints, flag, message):
