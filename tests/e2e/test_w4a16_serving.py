@@ -1,6 +1,8 @@
-"""A 4-bit GPTQ checkpoint (zero points, act-order) served through the real services without --quantization: the
-worker reads its quantization_config, GetModelInfo reports "gptq", and its greedy tokens are those of Hugging Face
-running the same model dequantized in float32, alone, forked over a small KV pool and 8 requests at once."""
+"""4-bit act-order checkpoints (GPTQ with zero points; compressed-tensors' actorder "group") served through the real
+services at tensor_parallel_size 2 without --quantization: the worker reads the quantization_config, GetModelInfo
+reports the method, and the greedy tokens are those of Hugging Face running the same model dequantized in float32,
+alone, forked over a small KV pool and 8 requests at once. Each rank holds its q/k/v and gate/up rows sorted by group,
+and its run of o_proj's and down_proj's inputs, each naming its group."""
 from functools import partial
 
 import pytest
@@ -16,11 +18,13 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[7 + i] * 20 + [i, 2 * i] for i in range(8)]  # a shared first block, then each its own
 
 
-def test_served_gptq_checkpoint_matches_hf_on_its_dequantized_model(tmp_path):
+@pytest.mark.parametrize("variant", [Variant("gptq", sym=False, act_order=True),
+                                     Variant("compressed-tensors", act_order=True)], ids=lambda v: v.method)
+def test_served_act_order_checkpoint_at_2_ranks_matches_hf_on_its_dequantized_model(tmp_path, variant):
     from transformers import AutoModelForCausalLM
 
-    folder, dequantized = write_w4a16_checkpoint(tmp_path, Variant("gptq", sym=False, act_order=True))
+    folder, dequantized = write_w4a16_checkpoint(tmp_path, variant)
     hf = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
-    with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"]) as services:
-        assert services.client.model_info().quantization == "gptq"
+    with running_services(folder, SMALL_POOL, router_args=["--no-tokenizer"], tensor_parallel_size=2) as services:
+        assert services.client.model_info().quantization == variant.method
         assert_matches_alone_and_together(services, partial(hf_greedy, hf), PROMPTS)
