@@ -96,7 +96,7 @@ def test_act_order_experts_match_reference(device, group, num_tokens, num_expert
 
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "zero-points"])
-@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 16, 8)])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (7, 8, 2)])  # a block each pair, sorted blocks
 def test_a_ranks_share_of_act_order_experts_matches_reference(device, group, zeros, num_tokens, num_experts, top_k):
     """Rank 1 of 2 holds each expert's intermediate columns 128-255 of 256: gate and up rows sorted by group (a
     permutation), and down's inputs in their own order, each row naming its group among all 256 inputs'."""
