@@ -113,7 +113,8 @@ class W4A16Stack:
     @property
     def slice_rows(self) -> int:
         """An expert's W4A16Weight.slice_rows."""
-        return self.expert(0).slice_rows
+        k = 8 * self.qweight.shape[1]
+        return k if self.group_index is not None else k // self.scales.shape[1]
 
 
 def stack(weights: list[W4A16Weight]) -> W4A16Stack:
