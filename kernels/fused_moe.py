@@ -24,7 +24,8 @@ the dense W4A16 layout (int32 words [K / 8, N], scales and zero points [K / grou
 weight is dequantized in registers (kernels.w4a16_tile, the dense GEMM's tile) into the activation dtype, as the
 reference dequantizes the expert first, and fed to the same dots; a slice never crosses a group (BLOCK_K divides it).
 With act-order (GPTQ's desc_act) an expert's rows are sorted by group, and the activations' columns are read through
-its permutation, as the dense GEMM reads them.
+its permutation, as the dense GEMM reads them; a tensor-parallel rank's share of act-order down projections (the
+intermediate's columns in their own order) looks each row's group up in the expert's group_index.
 The layout is the dense one rather than vLLM's [E, N, K / 2] bytes so that one conversion, one sharding and one
 dequantizing tile serve both.
 """
@@ -79,13 +80,15 @@ def _load_tile(tile, k_mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K: tl.constexpr,
-                 INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """W.T[k : k + BLOCK_K, cols] [BLOCK_K, BLOCK_N]: loaded, or with INT4_GROUP (4-bit weights' group size) the
-    slice's words (rows stride_wk apart) dequantized by the scales and zero points (groups stride_sk apart)."""
+def _weight_tile(w_cols, w_scales, w_zeros, w_groups, k, K, stride_wk, stride_sk, EVEN_K: tl.constexpr,
+                 INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GROUP_INDEX: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W.T[k : k + BLOCK_K, cols] [BLOCK_K, BLOCK_N]: loaded, or with INT4_GROUP (4-bit weights' run of rows a K
+    slice lies within) the slice's words (rows stride_wk apart) dequantized by the scales and zero points (groups
+    stride_sk apart) of the slice's group, or with HAS_GROUP_INDEX of each row's group w_groups names."""
     if INT4_GROUP:  # one branch compiles: the two tiles' dtypes differ
-        tile = dequantized_tile(w_cols, w_scales, w_zeros, k, stride_wk, stride_sk, HAS_ZEROS, INT4_GROUP, BLOCK_K,
-                                BLOCK_N)
+        tile = dequantized_tile(w_cols, w_scales, w_zeros, w_groups, k, stride_wk, stride_sk, HAS_ZEROS,
+                                HAS_GROUP_INDEX, INT4_GROUP, BLOCK_K, BLOCK_N)
     else:
         ks = k + tl.arange(0, BLOCK_K)
         tile = _load_tile(w_cols + ks[:, None] * stride_wk, ks < K, EVEN_K)
@@ -93,26 +96,27 @@ def _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K: 
 
 
 @triton.jit
-def _expert_product(a_rows, a_perm, a_scales, row_mask, w_cols, w_scales, w_zeros, up_offset, w_up_scales, w_up_zeros,
-                    K, stride_wk, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GATED: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-                    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+def _expert_product(a_rows, a_perm, a_scales, row_mask, w_cols, w_scales, w_zeros, w_groups, up_offset, w_up_scales,
+                    w_up_zeros, K, stride_wk, stride_sk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr, GROUP_K: tl.constexpr,
+                    INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
+                    HAS_GROUP_INDEX: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] = A[rows, :K] @ W[cols, :K].T in float32 (and acc_up for the rows up_offset further
     on in W, when GATED). a_rows: [BLOCK_M, 1] row pointers (elements contiguous); w_cols: [1, BLOCK_N] pointers to
     the weight rows; padding rows load zeros. With GROUP_K (block-wise FP8), each K slice's product is multiplied by
     its group's scales: a_scales [BLOCK_M] and w_scales (w_up_scales) [BLOCK_N] point to the rows' and the columns'
     first group's, the next groups 1 and stride_sk further on. With INT4_GROUP, w_cols points to the columns' first
     words, and w_scales (w_up_scales) and w_zeros (w_up_zeros) to their first group's scales and zero points; with
-    HAS_PERM, A's columns are read through the expert's permutation a_perm [K]."""
+    HAS_PERM, A's columns are read through the expert's permutation a_perm [K]; with HAS_GROUP_INDEX, w_groups [K]
+    names the group of each of the expert's rows."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         a_cols = input_columns(a_perm, ks, HAS_PERM)
         a = tl.load(a_rows + a_cols[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(DOT_DTYPE)
-        w = _weight_tile(w_cols, w_scales, w_zeros, k, K, stride_wk, stride_sk, EVEN_K, INT4_GROUP, HAS_ZEROS,
-                         BLOCK_K, BLOCK_N).to(DOT_DTYPE)
+        w = _weight_tile(w_cols, w_scales, w_zeros, w_groups, k, K, stride_wk, stride_sk, EVEN_K, INT4_GROUP,
+                         HAS_ZEROS, HAS_GROUP_INDEX, BLOCK_K, BLOCK_N).to(DOT_DTYPE)
         if GROUP_K:  # the slice lies in one group (BLOCK_K divides GROUP_K)
             a_scale = tl.load(a_scales + k // GROUP_K, mask=row_mask, other=0.0)[:, None]
             w_scale = tl.load(w_scales + k // GROUP_K * stride_sk)[None, :]
@@ -120,8 +124,8 @@ def _expert_product(a_rows, a_perm, a_scales, row_mask, w_cols, w_scales, w_zero
         else:
             acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         if GATED:
-            w_up = _weight_tile(w_cols + up_offset, w_up_scales, w_up_zeros, k, K, stride_wk, stride_sk, EVEN_K,
-                                INT4_GROUP, HAS_ZEROS, BLOCK_K, BLOCK_N).to(DOT_DTYPE)
+            w_up = _weight_tile(w_cols + up_offset, w_up_scales, w_up_zeros, w_groups, k, K, stride_wk, stride_sk,
+                                EVEN_K, INT4_GROUP, HAS_ZEROS, HAS_GROUP_INDEX, BLOCK_K, BLOCK_N).to(DOT_DTYPE)
             if GROUP_K:
                 w_up_scale = tl.load(w_up_scales + k // GROUP_K * stride_sk)[None, :]
                 acc_up += tl.dot(a, w_up, input_precision=DOT_PRECISION) * a_scale * w_up_scale
@@ -138,15 +142,15 @@ def _row_scaled(acc, a_scales, row_mask, w_scales):
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, bias_ptr, sorted_ids_ptr, block_experts_ptr,
-    num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
+    x_ptr, w13_ptr, h_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, group_index_ptr, bias_ptr, sorted_ids_ptr,
+    block_experts_ptr, num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
     stride_xt, stride_we, stride_wn, stride_wk, stride_ht, stride_as, stride_se, stride_sn, stride_sk, stride_pe,
-    stride_be,
+    stride_ge, stride_be,
     HAS_BIAS: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr, TOP_K: tl.constexpr,
     ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_GROUP_INDEX: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes h[pair, n] = silu(w13[e, n] . x[token]) * (w13[e, I + n] . x[token])
     for the block's pairs (token = pair // TOP_K, e the block's expert) and BLOCK_N columns n of the intermediate.
@@ -176,9 +180,10 @@ def _moe_gate_up_kernel(
     up_scale_cols = expert * stride_se + ((intermediate + cols % intermediate) // GROUP_N) * stride_sn
     w_scales, w_up_scales = w_scale_ptr + scale_cols, w_scale_ptr + up_scale_cols
     gate, up = _expert_product(a_rows, perm_ptr + expert * stride_pe, a_scales, row_mask, w_cols, w_scales,
-                               w_zero_ptr + scale_cols, intermediate * stride_wn, w_up_scales,
-                               w_zero_ptr + up_scale_cols, hidden, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K,
-                               True, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS, HAS_PERM, DOT_DTYPE, DOT_PRECISION)
+                               w_zero_ptr + scale_cols, group_index_ptr + expert * stride_ge, intermediate * stride_wn,
+                               w_up_scales, w_zero_ptr + up_scale_cols, hidden, stride_wk, stride_sk, BLOCK_M, BLOCK_N,
+                               BLOCK_K, True, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS, HAS_PERM, HAS_GROUP_INDEX,
+                               DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         gate = _row_scaled(gate, a_scales, row_mask, w_scales)
         up = _row_scaled(up, a_scales, row_mask, w_up_scales)
@@ -204,14 +209,15 @@ def _moe_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _moe_down_kernel(
-    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, bias_ptr, sorted_ids_ptr,
-    block_experts_ptr, num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
+    h_ptr, w2_ptr, topk_weights_ptr, y_ptr, a_scale_ptr, w_scale_ptr, w_zero_ptr, perm_ptr, group_index_ptr, bias_ptr,
+    sorted_ids_ptr, block_experts_ptr, num_padded_ptr, num_pairs, num_blocks, hidden, intermediate,
     stride_ht, stride_we, stride_wn, stride_wk, stride_yt, stride_as, stride_se, stride_sn, stride_sk, stride_pe,
-    stride_be,
+    stride_ge, stride_be,
     HAS_BIAS: tl.constexpr, ONE_PAIR_EACH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, INT4_GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    HAS_PERM: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_PERM: tl.constexpr, HAS_GROUP_INDEX: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (block, column tile) computes y[pair, n] = topk_weights[pair] * (w2[e, n] . h[pair]) for the
     block's pairs and BLOCK_N hidden columns n (plus bias[e, n] with HAS_BIAS). The product is rounded to the model
@@ -231,9 +237,10 @@ def _moe_down_kernel(
     a_scales = a_scale_ptr + pairs.to(tl.int64) * stride_as
     scale_cols = expert * stride_se + (cols % hidden // GROUP_N) * stride_sn
     w_scales, w_zeros = w_scale_ptr + scale_cols, w_zero_ptr + scale_cols
-    acc, _ = _expert_product(a_rows, perm_ptr + expert * stride_pe, a_scales, row_mask, w_cols, w_scales, w_zeros, 0,
-                             w_scales, w_zeros, intermediate, stride_wk, stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False,
-                             EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS, HAS_PERM, DOT_DTYPE, DOT_PRECISION)
+    acc, _ = _expert_product(a_rows, perm_ptr + expert * stride_pe, a_scales, row_mask, w_cols, w_scales, w_zeros,
+                             group_index_ptr + expert * stride_ge, 0, w_scales, w_zeros, intermediate, stride_wk,
+                             stride_sk, BLOCK_M, BLOCK_N, BLOCK_K, False, EVEN_K, GROUP_K, INT4_GROUP, HAS_ZEROS,
+                             HAS_PERM, HAS_GROUP_INDEX, DOT_DTYPE, DOT_PRECISION)
     if ROW_SCALES:
         acc = _row_scaled(acc, a_scales, row_mask, w_scales)
     if HAS_BIAS:
@@ -317,18 +324,18 @@ def _scaled_operands(name: str, a: torch.Tensor, weight: torch.Tensor, weight_sc
     is for a weight in a's dtype; for an e4m3 weight, a's rows quantized to e4m3 under absmax_bound, whole or in
     groups of block_shape's columns (off CUDA by the torch twin, the same arithmetic: the interpreter rounds FP8
     stores wrongly). A 4-bit weight's: its scales and zero points, a group's row stride_sk further on, and its
-    experts' act-order permutations."""
+    experts' act-order permutations or group indexes."""
     if isinstance(weight, W4A16Stack):
         if weight.scales.dtype != a.dtype:
             raise ValueError(f"{name}'s 4-bit scales in {weight.scales.dtype} do not fit activations in {a.dtype}")
         zeros = weight.scales if weight.zeros is None else weight.zeros
-        perm = dict(perm_ptr=a, stride_pe=0) if weight.perm is None else \
-            dict(perm_ptr=weight.perm, stride_pe=weight.perm.stride(0))
-        return a, dict(a_scale_ptr=a, w_scale_ptr=weight.scales, w_zero_ptr=zeros, **perm, stride_as=0,
+        return a, dict(a_scale_ptr=a, w_scale_ptr=weight.scales, w_zero_ptr=zeros, stride_as=0,
                        stride_se=weight.scales.stride(0), stride_sn=1, stride_sk=weight.scales.stride(1),
-                       ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=weight.group_size,
-                       HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None)
-    unquantized = dict(INT4_GROUP=0, HAS_ZEROS=False, perm_ptr=a, stride_pe=0, HAS_PERM=False)
+                       ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=weight.slice_rows,
+                       HAS_ZEROS=weight.zeros is not None, **_row_index("perm", "pe", weight.perm, a),
+                       **_row_index("group_index", "ge", weight.group_index, a))
+    unquantized = dict(INT4_GROUP=0, HAS_ZEROS=False, **_row_index("perm", "pe", None, a),
+                       **_row_index("group_index", "ge", None, a))
     if weight_scale is None:
         if weight.dtype != a.dtype:
             raise ValueError(f"{name} {weight.dtype} does not fit activations in {a.dtype} (e4m3 weights take scales)")
@@ -346,6 +353,13 @@ def _scaled_operands(name: str, a: torch.Tensor, weight: torch.Tensor, weight_sc
                      stride_as=a_scale.stride(0), stride_se=weight_scale.stride(0), stride_sn=weight_scale.stride(1),
                      stride_sk=weight_scale.stride(2), ROW_SCALES=False, GROUP_N=block_shape[0],
                      GROUP_K=block_shape[1], **unquantized)
+
+
+def _row_index(name: str, stride: str, index: torch.Tensor | None, placeholder: torch.Tensor) -> dict:
+    """A GEMM kernel's arguments for a 4-bit stack's index of its experts' rows [E, K] (perm or group_index), or for
+    none (the placeholder stands in)."""
+    return {f"{name}_ptr": placeholder if index is None else index, f"stride_{stride}": 0 if index is None else
+            index.stride(0), f"HAS_{name.upper()}": index is not None}
 
 
 def _check_scale(name: str, weight: torch.Tensor, scale: torch.Tensor, block_shape: tuple[int, int] | None) -> None:

@@ -4,12 +4,13 @@ registers, so no full-precision copy of a weight ever exists.
 Two kernels, picked by the number of rows:
 - the GEMM (prefill, batched decode): a program computes a BLOCK_M x BLOCK_N tile of y; per K slice it loads x's
   tile and the slice's packed words [BLOCK_K / 8, BLOCK_N], unpacks them into [BLOCK_K, BLOCK_N] values, subtracts
-  the group's zero points, multiplies by its scales (one row of each: a slice lies in one group) and feeds tl.dot in
-  the activation dtype, accumulating in float32.
+  the group's zero points, multiplies by its scales (one row of each: a slice lies in one group; with the layout's
+  group_index, each row's own) and feeds tl.dot in the activation dtype, accumulating in float32.
 - the decode kernel (a few rows): a program owns BLOCK_N output features of every row and streams their packed
   words once, in K slices; each word's eight values are summed against each row's inputs in float32 and scaled per
   word, without tensor cores, and the per-word sums are added over K after the loop, so the loop has no reduction
-  across threads (the bound at batch 1 is the weights' bytes, not arithmetic).
+  across threads (the bound at batch 1 is the weights' bytes, not arithmetic). With group_index a word's eight rows
+  may lie in different groups: each row is scaled by its own group's.
 The GEMM rounds the dequantized weight to the activation dtype first, as the reference (dequantize, then F.linear)
 does; the decode kernel does not round it, and agrees with the reference to the activation dtype's rounding.
 """
@@ -40,15 +41,15 @@ def _store(out_ptr, acc, bias_ptr, rows, row_mask, pid_n, N, stride_out, HAS_BIA
 
 @triton.jit
 def _w4a16_gemm_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_out,
-    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, group_index_ptr, bias_ptr, out_ptr, M, N, K, stride_x,
+    stride_out, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_GROUP_INDEX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (row tile, column tile) computes y[rows, cols] = x[rows] @ W.T[:, cols] (+ bias[cols]).
 
-    K is a multiple of the group and the group of BLOCK_K, so the K loop needs no masks; rows past M load zeros,
-    columns past N are clamped to the last one and dropped at the store.
+    K is a multiple of GROUP (the group, or K itself with HAS_GROUP_INDEX) and GROUP of BLOCK_K, so the K loop needs
+    no masks; rows past M load zeros, columns past N are clamped to the last one and dropped at the store.
     """
     wait_for_inputs(PDL)
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -60,22 +61,35 @@ def _w4a16_gemm_kernel(
     for k in range(0, K, BLOCK_K):
         x_cols = input_columns(perm_ptr, k + tl.arange(0, BLOCK_K), HAS_PERM)
         a = tl.load(x_rows + x_cols[None, :], mask=row_mask[:, None], other=0.0)
-        w = dequantized_tile(qweight_ptr + cols[None, :], scales_ptr + cols, zeros_ptr + cols, k, N, N, HAS_ZEROS,
-                             GROUP, BLOCK_K, BLOCK_N)
+        w = dequantized_tile(qweight_ptr + cols[None, :], scales_ptr + cols, zeros_ptr + cols, group_index_ptr, k, N,
+                             N, HAS_ZEROS, HAS_GROUP_INDEX, GROUP, BLOCK_K, BLOCK_N)
         acc = tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
     _store(out_ptr, acc, bias_ptr, rows, row_mask, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
 
 
 @triton.jit
+def _group_scales(scales_ptr, zeros_ptr, groups, cols, N, HAS_ZEROS: tl.constexpr):
+    """The scales and zero points (float32 [WORDS, BLOCK_N]) of groups [WORDS] for the columns cols."""
+    scale = tl.load(scales_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
+    if HAS_ZEROS:
+        zero = tl.load(zeros_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
+    else:
+        zero = _SYMMETRIC_ZERO
+    return scale, zero
+
+
+@triton.jit
 def _w4a16_decode_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_x, stride_out,
-    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, group_index_ptr, bias_ptr, out_ptr, M, N, K, stride_x,
+    stride_out, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_GROUP_INDEX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program pid computes y[:M, cols] for output features cols = [pid * BLOCK_N, +BLOCK_N), M <= BLOCK_M: the
     features' packed words are read once, BLOCK_K / 8 words of each a K slice. A word's eight inputs lie in one group
     (the group is a multiple of 16), so per word and row sum((q - zero) * scale * x) = scale * (sum(q * x) - zero *
-    sum(x)); the products stay per word in float32 and are summed over K once, after the loop."""
+    sum(x)); the products stay per word in float32 and are summed over K once, after the loop. With
+    HAS_GROUP_INDEX each row looks its group up, and its products are scaled row by row."""
     wait_for_inputs(PDL)
     WORDS: tl.constexpr = BLOCK_K // 8
     pid_n = tl.program_id(0)
@@ -86,20 +100,24 @@ def _w4a16_decode_kernel(
     acc = tl.zeros([BLOCK_M, WORDS, BLOCK_N], tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # without dots, pipelined only when asked
         words = tl.load(qweight_ptr + (k // 8 + word_rows)[:, None] * N + cols[None, :])  # [WORDS, BLOCK_N]
-        groups = (k + 8 * word_rows) // GROUP
-        scale = tl.load(scales_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(zeros_ptr + groups[:, None] * N + cols[None, :]).to(tl.float32)
+        first_rows = k + 8 * word_rows  # each word's
+        if HAS_GROUP_INDEX:
+            for j in tl.static_range(8):
+                q = ((words >> (4 * j)) & 0xF).to(tl.float32)
+                x = tl.load(x_rows + first_rows[None, :] + j).to(tl.float32)
+                scale, zero = _group_scales(scales_ptr, zeros_ptr, tl.load(group_index_ptr + first_rows + j), cols,
+                                            N, HAS_ZEROS)
+                acc += (scale * (q - zero))[None, :, :] * x[:, :, None]
         else:
-            zero = _SYMMETRIC_ZERO
-        qx = tl.zeros([BLOCK_M, WORDS, BLOCK_N], tl.float32)
-        xs = tl.zeros([BLOCK_M, WORDS], tl.float32)
-        for j in tl.static_range(8):
-            q = ((words >> (4 * j)) & 0xF).to(tl.float32)
-            x = tl.load(x_rows + input_columns(perm_ptr, k + 8 * word_rows + j, HAS_PERM)[None, :]).to(tl.float32)
-            qx += q[None, :, :] * x[:, :, None]
-            xs += x
-        acc += scale[None, :, :] * (qx - zero * xs[:, :, None])
+            scale, zero = _group_scales(scales_ptr, zeros_ptr, first_rows // GROUP, cols, N, HAS_ZEROS)
+            qx = tl.zeros([BLOCK_M, WORDS, BLOCK_N], tl.float32)
+            xs = tl.zeros([BLOCK_M, WORDS], tl.float32)
+            for j in tl.static_range(8):
+                q = ((words >> (4 * j)) & 0xF).to(tl.float32)
+                x = tl.load(x_rows + input_columns(perm_ptr, first_rows + j, HAS_PERM)[None, :]).to(tl.float32)
+                qx += q[None, :, :] * x[:, :, None]
+                xs += x
+            acc += scale[None, :, :] * (qx - zero * xs[:, :, None])
     _store(out_ptr, tl.sum(acc, 1), bias_ptr, rows, rows < M, pid_n, N, stride_out, HAS_BIAS, BLOCK_N)
 
 
@@ -159,16 +177,17 @@ def w4a16_linear(x: torch.Tensor, weight: W4A16Weight, bias: torch.Tensor | None
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    config = dict(launch_config or w4a16_launch_config(m, n, weight.in_features, weight.group_size, x.dtype,
+    config = dict(launch_config or w4a16_launch_config(m, n, weight.in_features, weight.slice_rows, x.dtype,
                                                             x.device))
     block_k = config["BLOCK_K"]
-    if weight.in_features % block_k or not config["decode"] and weight.group_size % block_k:
+    if weight.in_features % block_k or not config["decode"] and weight.slice_rows % block_k:
         raise ValueError(f"a K slice of {block_k} does not divide {weight.in_features} inputs or (in the GEMM) lie "
-                         f"within groups of {weight.group_size}")
-    args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(bias, x), out,
-            m, n, weight.in_features, x.stride(0), out.stride(0))
-    flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-                 GROUP=weight.group_size, **dependent_launch(x.device, pdl))
+                         f"within groups of {weight.slice_rows}")
+    args = (x, weight.qweight, weight.scales, _or(weight.zeros, x), _or(weight.perm, x), _or(weight.group_index, x),
+            _or(bias, x), out, m, n, weight.in_features, x.stride(0), out.stride(0))
+    flags = dict(HAS_ZEROS=weight.zeros is not None, HAS_PERM=weight.perm is not None,
+                 HAS_GROUP_INDEX=weight.group_index is not None, HAS_BIAS=bias is not None, GROUP=weight.slice_rows,
+                 **dependent_launch(x.device, pdl))
     if config.pop("decode"):
         if m > config["BLOCK_M"]:
             raise ValueError(f"the decode kernel takes at most BLOCK_M ({config['BLOCK_M']}) rows, got {m}")

@@ -12,8 +12,12 @@ The layout (W4A16Weight), for a linear layer of K inputs and N outputs (nn.Linea
 - perm int32 [K] or None: with GPTQ's act-order (desc_act) a group's inputs are scattered over K; the converters sort
   the rows by group, so row j of the layout holds input perm[j] and groups are contiguous again: y = x[:, perm] @ W,
   the kernels reading x's columns through perm.
+- group_index int32 [K] or None: the group of each row, for a tensor-parallel rank's share of an act-order weight's
+  inputs (a row-parallel projection's): its rows are a run of the whole weight's inputs in their own order, whose
+  groups are scattered over all of them, so the rank keeps every group's scales and zero points and the kernels look
+  each row's up. Without it, row j lies in group j // (K / G).
 The group size, K / G, is a multiple of 16 (the GEMM's K slices lie within a group and hold at least 16); one
-group over all of K is per-channel quantization (GPTQ's group_size -1).
+group over all of K is per-channel quantization (GPTQ's group_size -1). With group_index K is a multiple of 16.
 """
 from dataclasses import dataclass
 
@@ -30,21 +34,28 @@ class W4A16Weight:
     scales: torch.Tensor  # [K / group, N], the activation dtype
     zeros: torch.Tensor | None  # uint8 [K / group, N]; None: 8 (symmetric)
     perm: torch.Tensor | None  # int32 [K]: row j holds input perm[j]; None: the identity
+    group_index: torch.Tensor | None = None  # int32 [K]: row j lies in group group_index[j]; None: j // group_size
 
     def __post_init__(self):
         k8, n = self.qweight.shape
         groups = self.scales.shape[0]
-        if self.qweight.dtype != torch.int32 or self.scales.shape != (groups, n) or (8 * k8) % groups:
+        if self.qweight.dtype != torch.int32 or self.scales.shape != (groups, n) or \
+                self.group_index is None and (8 * k8) % groups:
             raise ValueError(f"qweight {self.qweight.dtype} {tuple(self.qweight.shape)} and scales "
                              f"{tuple(self.scales.shape)} are no [K / 8, N] int32 words and [K / group, N] scales")
-        if self.group_size % 16:
-            raise ValueError(f"the group size must be a multiple of 16, got {self.group_size}")
+        if self.slice_rows % 16:
+            raise ValueError(f"the group size (K, with group_index) must be a multiple of 16, got {self.slice_rows}")
         if self.zeros is not None and (self.zeros.dtype != torch.uint8 or self.zeros.shape != self.scales.shape):
             raise ValueError(f"zeros must be uint8 {tuple(self.scales.shape)}, got {self.zeros.dtype} "
                              f"{tuple(self.zeros.shape)}")
-        if self.perm is not None and (self.perm.dtype != torch.int32 or self.perm.shape != (8 * k8,)):
-            raise ValueError(f"perm must be int32 [{8 * k8}]")
-        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros, self.perm) if t is not None):
+        for name, index in (("perm", self.perm), ("group_index", self.group_index)):
+            if index is not None and (index.dtype != torch.int32 or index.shape != (8 * k8,)):
+                raise ValueError(f"{name} must be int32 [{8 * k8}]")
+        if self.perm is not None and self.group_index is not None:
+            raise ValueError("a W4A16 weight's rows are sorted by group (perm) or name their groups (group_index), "
+                             "not both")
+        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros, self.perm, self.group_index)
+                   if t is not None):
             raise ValueError("a W4A16 weight's tensors must be contiguous")
 
     @property
@@ -57,30 +68,41 @@ class W4A16Weight:
 
     @property
     def group_size(self) -> int:
+        """The inputs of a group, without group_index."""
         return self.in_features // self.scales.shape[0]
+
+    @property
+    def slice_rows(self) -> int:
+        """The run of rows that a kernel's K slice lies within: a group, or with group_index (each row's group
+        looked up) all of K."""
+        return self.in_features if self.group_index is not None else self.group_size
 
 
 @dataclass(slots=True)
 class W4A16Stack:
     """A mixture's experts' weights of one projection, stacked: expert e's W4A16Weight is (qweight[e], scales[e],
-    zeros[e], perm[e]). The grouped GEMMs read expert e's words [K / 8, N] as the dense GEMM reads a weight's, at an
-    offset of e words-per-expert, and with act-order its inputs through its own permutation."""
+    zeros[e], perm[e], group_index[e]). The grouped GEMMs read expert e's words [K / 8, N] as the dense GEMM reads a
+    weight's, at an offset of e words-per-expert, and with act-order its inputs through its own permutation or its
+    rows' groups through its own group_index."""
     qweight: torch.Tensor  # int32 [E, K / 8, N]
     scales: torch.Tensor  # [E, K / group, N], the activation dtype
     zeros: torch.Tensor | None  # uint8 [E, K / group, N]; None: 8 (symmetric)
     perm: torch.Tensor | None = None  # int32 [E, K]: expert e's row j holds input perm[e, j]; None: the identity
+    group_index: torch.Tensor | None = None  # int32 [E, K]: expert e's row j lies in group group_index[e, j]
 
     def __post_init__(self):
         if self.qweight.dim() != 3 or self.scales.dim() != 3 or self.qweight.shape[0] != self.scales.shape[0]:
             raise ValueError(f"qweight {tuple(self.qweight.shape)} and scales {tuple(self.scales.shape)} are no "
                              "[E, K / 8, N] and [E, K / group, N] stacks")
         self.expert(0)  # an expert's tensors are a W4A16Weight's
-        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros, self.perm) if t is not None):
+        if not all(t.is_contiguous() for t in (self.qweight, self.scales, self.zeros, self.perm, self.group_index)
+                   if t is not None):
             raise ValueError("a W4A16 stack's tensors must be contiguous")
 
     def expert(self, index: int) -> W4A16Weight:
         return W4A16Weight(self.qweight[index], self.scales[index], *(None if t is None else t[index]
-                                                                      for t in (self.zeros, self.perm)))
+                                                                      for t in (self.zeros, self.perm,
+                                                                                self.group_index)))
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -89,15 +111,17 @@ class W4A16Stack:
         return experts, n, 8 * k8
 
     @property
-    def group_size(self) -> int:
-        return 8 * self.qweight.shape[1] // self.scales.shape[1]
+    def slice_rows(self) -> int:
+        """An expert's W4A16Weight.slice_rows."""
+        k = 8 * self.qweight.shape[1]
+        return k if self.group_index is not None else k // self.scales.shape[1]
 
 
 def stack(weights: list[W4A16Weight]) -> W4A16Stack:
     """The experts' weights (one projection each, of one group size, all with zero points or none, all with act-order
-    or none) stacked."""
+    or none, all with group_index or none) stacked."""
     return W4A16Stack(*(None if getattr(weights[0], kind) is None else torch.stack([getattr(w, kind) for w in weights])
-                        for kind in ("qweight", "scales", "zeros", "perm")))
+                        for kind in ("qweight", "scales", "zeros", "perm", "group_index")))
 
 
 def dequantize_stack(weights: W4A16Stack) -> torch.Tensor:
@@ -122,12 +146,25 @@ def unpack_int4(words: torch.Tensor, dim: int) -> torch.Tensor:
 
 def dequantize(weight: W4A16Weight) -> torch.Tensor:
     """The [N, K] weight, in the scales' dtype and the inputs' own order: the kernels' reference."""
-    groups = torch.arange(weight.in_features, device=weight.qweight.device) // weight.group_size
+    groups = weight.group_index.long() if weight.group_index is not None else \
+        torch.arange(weight.in_features, device=weight.qweight.device) // weight.group_size
     zeros = SYMMETRIC_ZERO if weight.zeros is None else weight.zeros.to(torch.int32)[groups]
     w = (unpack_int4(weight.qweight, 0) - zeros).to(weight.scales.dtype) * weight.scales[groups]
     if weight.perm is not None:
         w = torch.empty_like(w).index_copy_(0, weight.perm.long(), w)
     return w.T
+
+
+def input_run(weight: W4A16Weight, start: int, stop: int) -> W4A16Weight:
+    """Inputs start to stop (multiples of 8) of weight, in their own order, each row naming its group (group_index),
+    with every group's scales and zero points: a tensor-parallel rank's share of a row-parallel act-order weight."""
+    rows = torch.arange(weight.in_features, device=weight.qweight.device)
+    if weight.perm is not None:  # the layout row that holds each input
+        rows = torch.empty_like(rows).index_copy_(0, weight.perm.long(), rows)
+    held = rows[start:stop]
+    groups = weight.group_index[held] if weight.group_index is not None else held // weight.group_size
+    return W4A16Weight(pack_int4(unpack_int4(weight.qweight, 0)[held], 0), weight.scales, weight.zeros, None,
+                       groups.to(torch.int32))
 
 
 def round_to_nearest(weight: torch.Tensor, group: int, sym: bool, g_idx: torch.Tensor | None = None,

@@ -20,10 +20,10 @@ from sluice.kernels.moe_routing import _topk_softmax_kernel
 
 H200 = GPUTarget("cuda", 90, 32)
 UNALIGNED = {"num_pairs", "num_blocks", "num_tokens", "num_experts", "num_chunks", "max_blocks", "stride_as",
-             "stride_se", "stride_sn", "stride_sk", "stride_pe", "stride_be"}  # any value
-SCALES = {"a_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "w_zero_ptr": "*u8", "perm_ptr": "*i32", "stride_as": "i32",
-          "stride_se": "i32", "stride_sn": "i32", "stride_sk": "i32", "stride_pe": "i32", "bias_ptr": "*bf16",
-          "stride_be": "i32"}
+             "stride_se", "stride_sn", "stride_sk", "stride_pe", "stride_ge", "stride_be"}  # any value
+SCALES = {"a_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "w_zero_ptr": "*u8", "perm_ptr": "*i32",
+          "group_index_ptr": "*i32", "stride_as": "i32", "stride_se": "i32", "stride_sn": "i32", "stride_sk": "i32",
+          "stride_pe": "i32", "stride_ge": "i32", "bias_ptr": "*bf16", "stride_be": "i32"}
 GATE_UP = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "h_ptr": "*bf16", "sorted_ids_ptr": "*i32",
            "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_blocks": "i32",
            "hidden": "i32", "intermediate": "i32", "stride_xt": "i32", "stride_we": "i32", "stride_wn": "i32",
@@ -32,7 +32,7 @@ DOWN = {"h_ptr": "*bf16", "w2_ptr": "*bf16", "topk_weights_ptr": "*fp32", "y_ptr
         "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "num_blocks": "i32",
         "hidden": "i32", "intermediate": "i32", "stride_ht": "i32", "stride_we": "i32", "stride_wn": "i32",
         "stride_yt": "i32"} | SCALES
-_NOT_INT4 = dict(INT4_GROUP=0, HAS_ZEROS=False, HAS_PERM=False)
+_NOT_INT4 = dict(INT4_GROUP=0, HAS_ZEROS=False, HAS_PERM=False, HAS_GROUP_INDEX=False)
 # each precision's operands (activations and weights), and its scales' constexprs (a stride of 1 is one)
 PRECISIONS = {
     "bf16": ("*bf16", dict(ROW_SCALES=False, GROUP_N=1, GROUP_K=0) | _NOT_INT4),
@@ -40,7 +40,10 @@ PRECISIONS = {
     "fp8 rows": ("*fp8e4nv", dict(ROW_SCALES=True, GROUP_N=1, GROUP_K=0, stride_as=1, stride_sn=1) | _NOT_INT4),
     "fp8 blocks": ("*fp8e4nv", dict(ROW_SCALES=False, GROUP_N=128, GROUP_K=128, stride_sk=1) | _NOT_INT4),
     "int4": ("*bf16", dict(ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=128, HAS_ZEROS=True, HAS_PERM=True,
-                           stride_sn=1)),
+                           HAS_GROUP_INDEX=False, stride_sn=1)),
+    # a rank's share of act-order experts at -tp 2: each row's group looked up, a K slice anywhere in the 384 rows
+    "int4 group_index": ("*bf16", dict(ROW_SCALES=False, GROUP_N=1, GROUP_K=0, INT4_GROUP=384, HAS_ZEROS=True,
+                                       HAS_PERM=False, HAS_GROUP_INDEX=True, stride_sn=1)),
 }
 # 4-bit experts (kernels.w4a16_layout.W4A16Stack): int32 words along K, N contiguous; bf16 scales, uint8 zero points
 INT4_WEIGHTS = {"w_scale_ptr": "*bf16", "stride_wk": "i32"}
@@ -69,11 +72,12 @@ def describe(name: str, compiled) -> str:
 def gemms(num_tokens: int, precision: str, gpt_oss: bool = False) -> list[str]:
     """Both grouped GEMMs at the config picked for num_tokens of Qwen3-30B-A3B (128 experts, top-8, H 2048, I 768),
     of a precision of PRECISIONS: bf16 or fp32 weights and activations, or e4m3 ones with a scale per row or per
-    128 x 128 block (Qwen3-30B-A3B-FP8's), or 4-bit ones in groups of 128 with zero points and act-order (bf16
-    activations); the outputs in bf16 (float32 for float32). gpt_oss: with expert biases and the clamped SwiGLU."""
+    128 x 128 block (Qwen3-30B-A3B-FP8's), or 4-bit ones in groups of 128 with zero points and act-order, sorted by
+    group or (a tensor-parallel rank's share) each row naming its group (bf16 activations); the outputs in bf16
+    (float32 for float32). gpt_oss: with expert biases and the clamped SwiGLU."""
     operands, scales = PRECISIONS[precision]
     dtype = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*fp8e4nv": FP8}[operands]
-    int4 = precision == "int4"
+    int4 = precision.startswith("int4")
     config = moe_launch_config(num_tokens, 8, 128, 2048, 768, dtype, torch.device("cuda"))
     dot = {torch.float32: (tl.float32, "ieee"), torch.bfloat16: (tl.bfloat16, "tf32"), FP8: (tl.float8e4nv, "tf32")}
     output = "*fp32" if precision == "fp32" else "*bf16"
@@ -105,7 +109,8 @@ def main() -> None:
         print("\n".join(gemms(num_tokens, "bf16")))
     print("\n".join(gemms(4096, "fp32")))
     for num_tokens in (1, 4096):
-        print("\n".join(gemms(num_tokens, "fp8 rows") + gemms(num_tokens, "fp8 blocks") + gemms(num_tokens, "int4")))
+        print("\n".join(gemms(num_tokens, "fp8 rows") + gemms(num_tokens, "fp8 blocks") + gemms(num_tokens, "int4")
+                        + gemms(num_tokens, "int4 group_index")))
         print("\n".join(gemms(num_tokens, "bf16", gpt_oss=True)))
     for experts, top_k, block_t in ((128, 8, 32), (512, 8, 8)):
         constexprs = dict(TOP_K=top_k, RENORMALIZE=True, BLOCK_T=block_t, BLOCK_E=experts, BLOCK_K=top_k, PDL=True)

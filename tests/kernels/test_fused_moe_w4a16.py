@@ -1,14 +1,14 @@
 """The fused MoE kernels over 4-bit experts (kernels.w4a16_layout.W4A16Stack, dequantized in registers inside the
 grouped GEMMs) against their reference (each expert dequantized, then fused_experts_ref): group sizes 32, 64 and 128,
-zero points on and off, act-order permutations (each expert its own), odd token counts, top-2 and top-8, and a rank's
-share of the experts."""
+zero points on and off, act-order permutations (each expert its own) and a tensor-parallel rank's share of act-order
+down projections (each row naming its group), odd token counts, top-2 and top-8, and a rank's share of the experts."""
 import json
 
 import pytest
 import torch
 
 from sluice.kernels import fused_experts, fused_experts_ref, topk_softmax_ref
-from sluice.kernels.w4a16_layout import W4A16Stack, W4A16Weight, dequantize_stack, quantize, stack
+from sluice.kernels.w4a16_layout import W4A16Stack, W4A16Weight, dequantize_stack, input_run, quantize, stack
 from tests.scripts import ROOT, load_script
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
@@ -88,6 +88,21 @@ def test_rejects_4bit_and_unquantized_experts_together(device):
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 16, 8)])
 def test_act_order_experts_match_reference(device, group, num_tokens, num_experts, top_k):
     w13, w2 = _experts(num_experts, 128, 128, group, True, torch.float32, device, act_order=True)
+    weights, ids = _routing(num_tokens, num_experts, top_k, device)
+    x = torch.randn(num_tokens, 128, device=device)
+    torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2), fused_experts_ref(x, weights, ids, w13, w2),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zeros", [False, True], ids=["symmetric", "zero-points"])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (7, 8, 2)])  # a block each pair, sorted blocks
+def test_a_ranks_share_of_act_order_experts_matches_reference(device, group, zeros, num_tokens, num_experts, top_k):
+    """Rank 1 of 2 holds each expert's intermediate columns 128-255 of 256: gate and up rows sorted by group (a
+    permutation), and down's inputs in their own order, each row naming its group among all 256 inputs'."""
+    w13 = _stacked(num_experts, 2 * 128, 128, group, zeros, torch.float32, device, act_order=True)
+    whole_w2 = _stacked(num_experts, 128, 256, group, zeros, torch.float32, device, act_order=True)
+    w2 = stack([input_run(whole_w2.expert(e), 128, 256) for e in range(num_experts)])
     weights, ids = _routing(num_tokens, num_experts, top_k, device)
     x = torch.randn(num_tokens, 128, device=device)
     torch.testing.assert_close(fused_experts(x, weights, ids, w13, w2), fused_experts_ref(x, weights, ids, w13, w2),

@@ -4,7 +4,7 @@ import torch
 from sluice.kernels.w4a16 import DECODE_ROWS, w4a16_launch_config, w4a16_linear, w4a16_linear_ref
 from sluice.kernels.w4a16_layout import (SYMMETRIC_ZERO, W4A16Weight, awq_dequantize_ref,
                                          compressed_tensors_dequantize_ref, dequantize, from_awq,
-                                         from_compressed_tensors, from_gptq, gptq_dequantize_ref, pack_int4,
+                                         from_compressed_tensors, from_gptq, gptq_dequantize_ref, input_run, pack_int4,
                                          unpack_int4)
 from tests.kernels.w4a16_packing import to_awq, to_compressed_tensors, to_gptq, wrapped
 
@@ -103,6 +103,21 @@ def test_matches_dequantized_reference(device, dtype, group, m, zeros, act_order
     out = w4a16_linear(x, weight, bias)
     assert out.shape == (m, 201) and out.dtype == dtype
     torch.testing.assert_close(out, w4a16_linear_ref(x, weight, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 37])  # decode kernel, decode kernel of a few rows, GEMM
+@pytest.mark.parametrize("zeros", [False, True])
+def test_a_ranks_share_of_act_order_inputs_names_each_rows_group(device, group, m, zeros):
+    """Rank 1 of 2's inputs (192-383) of an act-order weight: in their own order, each row looking its group up among
+    all the weight's groups; the kernels take the rows that a word's eight inputs scatter over groups."""
+    whole = _weight(384, 201, group, torch.float32, device, zeros, act_order=True)
+    share = input_run(whole, 192, 384)
+    assert share.perm is None and share.group_index.unique().numel() == 384 // group  # every group among its rows
+    assert torch.equal(dequantize(share), dequantize(whole)[:, 192:])
+    x = torch.randn(m, 192, device=device)
+    bias = torch.randn(201, device=device) if zeros else None
+    torch.testing.assert_close(w4a16_linear(x, share, bias), w4a16_linear_ref(x, share, bias), **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("decode", [True, False])

@@ -1,17 +1,20 @@
 """4-bit checkpoints (GPTQ symmetric and with zero points, with and without act-order, v1 and v2 zero points; AWQ;
 compressed-tensors in groups, with actorder and per channel) load without `--quantization`, report their method and
 give the logits and greedy tokens of transformers running the same model dequantized in float32, alone and as a
-tensor-parallel group of 2 ranks (each converting its slice once); a projection on the ignore list stays as stored;
-variants the worker cannot run fail at start, named."""
+tensor-parallel group of 2 ranks (each converting its slice once; act-order's row-parallel projections as runs of
+inputs naming their groups); a projection on the ignore list stays as stored; variants the worker cannot run fail at
+start, named."""
 import json
 import re
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from sluice.worker.config import WorkerConfig
 from sluice.worker.engine import WorkerEngine
 from sluice.worker.loading.model_loader import ModelLoader
+from sluice.worker.loading.w4a16_checkpoint import LAYOUT_TENSORS
 from sluice.worker.loading.weights import load_checkpoint
 from sluice.worker.ops.w4a16 import W4A16Linear
 from tests.worker.rank_group import run_on_ranks
@@ -31,7 +34,7 @@ VARIANTS = {
     "ct-group-actorder": Variant("compressed-tensors", sym=False, act_order=True),
     "ct-channel": Variant("compressed-tensors", group=None, sym=False),
 }
-SHARDED = ("gptq-asym", "awq", "ct-group", "ct-channel")  # act-order is refused at 2 ranks (o_proj, down_proj)
+SHARDED = ("gptq-asym", "gptq-v2-asym-desc-act", "awq", "ct-group", "ct-group-actorder", "ct-channel")
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +102,24 @@ def test_row_parallel_shards_are_whole_groups(checkpoints):
                        whole["layers.0.mlp.gate_up_proj.zeros"][:, half // 2:half])
 
 
+def test_act_order_row_parallel_shards_name_each_rows_group(checkpoints):
+    """Rank 1's o_proj of an act-order checkpoint holds inputs 64-127 in their own order, each row naming its group
+    among the whole weight's (the checkpoint's g_idx), with every group's scales and zero points; its q/k/v keep their
+    rows sorted by group, cut along their outputs."""
+    from sluice.kernels.w4a16_layout import W4A16Weight, dequantize
+
+    folder = checkpoints["gptq-v2-asym-desc-act"][0]
+    whole, rank1 = load_checkpoint(folder)[1], load_checkpoint(folder, 1, 2)[1]
+    o_proj = "layers.0.self_attn.o_proj"
+    g_idx = load_file(folder / "model.safetensors")[f"model.{o_proj}.g_idx"]
+    assert torch.equal(rank1[f"{o_proj}.group_index"], g_idx[64:]) and f"{o_proj}.perm" not in rank1
+    assert all(torch.equal(rank1[f"{o_proj}.{kind}"], whole[f"{o_proj}.{kind}"]) for kind in ("scales", "zeros"))
+    share, weight = (W4A16Weight(*(state.get(f"{o_proj}.{kind}") for kind in LAYOUT_TENSORS))
+                     for state in (rank1, whole))
+    assert torch.equal(dequantize(share), dequantize(weight)[:, 64:])
+    assert torch.equal(rank1["layers.0.self_attn.qkv_proj.perm"], whole["layers.0.self_attn.qkv_proj.perm"])
+
+
 def _with_quantization_config(source, target, **changes) -> str:
     target.mkdir()
     (target / "model.safetensors").symlink_to(source / "model.safetensors")
@@ -130,13 +151,21 @@ def test_quantized_activations_fail_at_start(checkpoints, tmp_path):
         WorkerEngine.load(WorkerConfig(model=folder))
 
 
-def test_act_order_row_parallel_and_cut_groups_are_refused(checkpoints):
+def test_a_row_parallel_split_that_cuts_groups_is_refused(checkpoints):
     """At 4 ranks, o_proj's 128 inputs (4 heads of 32) give each rank 32, half a group of 64."""
-    with pytest.raises(ValueError, match="down_proj is quantized with act-order .* cannot be split over 2"):
-        load_checkpoint(checkpoints["gptq-v2-asym-desc-act"][0], 0, 2)
     with pytest.raises(ValueError, match="rank 0 of 4 would hold inputs 0-32 of model.layers.0.self_attn.o_proj's "
                                          "128, which cuts its 4-bit weight's groups of 64"):
         load_checkpoint(checkpoints["gptq-sym"][0], 0, 4)
+
+
+def test_an_act_order_split_off_multiples_of_16_is_refused(tmp_path):
+    """head_dim 24: at 4 ranks each would hold 24 of o_proj's 96 act-order inputs, cutting the kernels' K slices."""
+    folder, _ = write_w4a16_checkpoint(tmp_path, Variant("gptq", group=32, act_order=True), {**TINY_LLAMA,
+                                                                                           "head_dim": 24})
+    with pytest.raises(ValueError, match=r"rank 0 of 4 would hold inputs 0-24 of model\.layers\.0\.self_attn\.o_proj's "
+                                         "96, quantized with act-order: a rank's run of them must start and end at "
+                                         "multiples of 16"):
+        load_checkpoint(folder, 0, 4)
 
 
 @pytest.mark.parametrize("flag, message", [("awq", "--quantization awq needs a awq checkpoint"),

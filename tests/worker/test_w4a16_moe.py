@@ -2,7 +2,8 @@
 one, their experts quantized each on its own, with and without act-order, and their routers unquantized, as GPTQ, AWQ
 and compressed-tensors checkpoints publish them) give the greedy tokens of transformers running the same model
 dequantized in float32: alone, as a tensor-parallel group of 2 ranks (each expert's intermediate columns split in whole
-groups, or whole experts on each rank) and on the Triton kernels. A split that cuts a group fails at start, named;
+groups, or with act-order as runs of down's inputs naming their groups, or whole experts on each rank) and on the
+Triton kernels. A split that cuts a group fails at start, named;
 dummy 4-bit experts are the dummy experts rounded to nearest."""
 import dataclasses
 import json
@@ -90,9 +91,7 @@ def _greedy_on_rank(group, runs: list) -> None:
 
 
 def test_rank_group_gives_the_whole_models_tokens(checkpoints):
-    """Act-order checkpoints serve at -tp 1 only: their row-parallel projections' groups are scattered over K."""
-    runs = [(folder, False, tokens) for (_, variant), (folder, tokens) in checkpoints.items()
-            if not VARIANTS[variant].act_order]
+    runs = [(folder, False, tokens) for folder, tokens in checkpoints.values()]
     runs.append((*checkpoints["qwen3-moe", "awq"][:1], True, checkpoints["qwen3-moe", "awq"][1]))
     run_on_ranks(_greedy_on_rank, 2, runs)
 
@@ -105,6 +104,16 @@ def test_experts_shard_in_whole_groups(checkpoints):
     assert rank1[f"{experts}w13.qweight"].shape == (8, 64 // 8, 64)
     torch.testing.assert_close(rank1[f"{experts}w13.scales"][:, :, :32], whole[f"{experts}w13.scales"][:, :, 32:64])
     assert torch.equal(rank1[f"{experts}w2.qweight"], whole[f"{experts}w2.qweight"][:, 4:])
+
+
+def test_act_order_experts_shard_downs_inputs_naming_their_groups(checkpoints):
+    """Rank 1 holds each expert's intermediate columns 32-63: gate and up rows sorted by group, down's inputs in their
+    own order, each naming its group among all of the expert's."""
+    rank1 = load_checkpoint(checkpoints["qwen3-moe", "gptq-desc-act"][0], 1, 2)[1]
+    experts = "layers.0.mlp.experts."
+    assert rank1[f"{experts}w13.perm"].shape == (8, 64) and f"{experts}w13.group_index" not in rank1
+    assert rank1[f"{experts}w2.group_index"].shape == (8, 32) and f"{experts}w2.perm" not in rank1
+    assert rank1[f"{experts}w2.scales"].shape == (8, 64 // 32, 64)
 
 
 @pytest.mark.parametrize("family, variant", [("qwen3-moe", "awq"), ("mixtral", "gptq"), ("mixtral", "gptq-desc-act")])

@@ -7,9 +7,10 @@ compressed-tensors' strategy "channel"), symmetric or with zero points; GPTQ's a
 compressed-tensors' actorder; GPTQ v1 ("gptq") and v2 ("gptq_v2") zero points; AWQ's GEMM packing. A projection
 the checkpoint stores unquantized (modules_to_not_convert, an ignore list) loads as it is stored. What is refused at
 start, named: other bit widths, AWQ's GEMV packings, other packings (Marlin, ...), quantized activations, group sizes
-not a multiple of 16, GPTQModel's per-module `dynamic` overrides. Act-order is refused under tensor parallelism for
-the row-parallel projections (o_proj, down_proj: their inputs are split, and an act-order group is scattered over
-all of them); a row-parallel split that cuts a group is refused too.
+not a multiple of 16, GPTQModel's per-module `dynamic` overrides. Under tensor parallelism a row-parallel projection
+(o_proj, down_proj) splits its inputs: in whole groups, a split that cuts a group refused; with act-order, whose groups
+are scattered over all the inputs, as vLLM does: each rank's run of inputs in their own order, each row naming its
+group, every group's scales and zero points on every rank (a run that is no multiple of 16 inputs is refused).
 """
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # sluice.kernels imports Triton, imported only where a 4-bit 
 W4A16_METHODS = ("awq", "gptq", "compressed-tensors")  # --quantization's names of the 4-bit checkpoints
 W4A16_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # a GPTQ / AWQ projection's; AWQ has no g_idx
 CT_TENSORS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-LAYOUT_TENSORS = ("qweight", "scales", "zeros", "perm")  # W4A16Weight's, as the worker's state names them
+LAYOUT_TENSORS = ("qweight", "scales", "zeros", "perm", "group_index")  # W4A16Weight's, by the worker's state names
 _SUPPORTED = ("4-bit integer weights of quant_method 'gptq' (checkpoint_format 'gptq' or 'gptq_v2'), 'awq' (version "
               "'gemm') or 'compressed-tensors' (format 'pack-quantized', strategy 'group' or 'channel', activations "
               "unquantized), in groups of a multiple of 16 inputs or one group a row")
@@ -137,8 +138,9 @@ def _check_group(method: str, group) -> None:
 
 def shard_w4a16(layout: ShardLayout, name: str, weight: "W4A16Weight") -> "W4A16Weight":
     """The rank's part of a projection's 4-bit weight (name: its Hugging Face module name): column-parallel ones
-    (q/k/v, gate/up; nn.Linear's rows) cut along N, row-parallel ones (o, down) along K in whole groups."""
-    from sluice.kernels.w4a16_layout import W4A16Weight
+    (q/k/v, gate/up; nn.Linear's rows) cut along N, row-parallel ones (o, down) along K in whole groups, or with
+    act-order in a run of inputs naming their groups (kernels.w4a16_layout.input_run)."""
+    from sluice.kernels.w4a16_layout import W4A16Weight, input_run
 
     pieces = layout.pieces_of(f"{name}.weight")
     if pieces is None:
@@ -151,9 +153,11 @@ def shard_w4a16(layout: ShardLayout, name: str, weight: "W4A16Weight") -> "W4A16
                              for t in (weight.qweight, weight.scales, weight.zeros)), weight.perm)
     piece, k = pieces[0], weight.in_features
     if weight.perm is not None:
-        raise ValueError(f"{name} is quantized with act-order (desc_act / actorder): its inputs' groups are "
-                         f"scattered, so its input columns cannot be split over {layout.world_size} tensor-parallel "
-                         "ranks; serve it at tensor_parallel_size 1, or use a checkpoint without act-order")
+        if piece.start % 16 or piece.stop % 16:
+            raise ValueError(f"rank {layout.rank} of {layout.world_size} would hold inputs {piece.start}-{piece.stop} "
+                             f"of {name}'s {k}, quantized with act-order: a rank's run of them must start and end at "
+                             "multiples of 16")
+        return input_run(weight, piece.start, piece.stop)
     group = weight.group_size
     per_channel = weight.scales.shape[0] == 1
     step = 8 if per_channel else group
@@ -167,8 +171,8 @@ def shard_w4a16(layout: ShardLayout, name: str, weight: "W4A16Weight") -> "W4A16
 
 
 def layout_tensors(name: str, weight: "W4A16Weight") -> dict[str, torch.Tensor]:
-    """The weight's tensors as the worker's state names them: name.qweight, .scales and, where present, .zeros and
-    .perm."""
+    """The weight's tensors as the worker's state names them: name.qweight, .scales and, where present, .zeros, .perm
+    and .group_index."""
     return {f"{name}.{kind}": getattr(weight, kind) for kind in LAYOUT_TENSORS if getattr(weight, kind) is not None}
 
 

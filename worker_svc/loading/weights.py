@@ -195,14 +195,16 @@ def _stack_w4a16_experts(state: dict[str, torch.Tensor], prefix: str, experts: l
                          projections: tuple[str, str, str]) -> None:
     """In place: each expert's 4-bit gate and up fused along N (as a dense gate_up_proj), then every expert's layout
     tensors stacked: mlp.experts.w13.qweight [E, H / 8, 2I], .scales and .zeros [E, groups, 2I] and, with act-order,
-    .perm [E, H] (each expert's own), and w2's [E, I / 8, H], [E, groups, H] and [E, I]."""
+    .perm [E, H] (each expert's own), and w2's [E, I / 8, H], [E, groups, H] and .perm [E, I] (or, on a rank that
+    holds part of each expert's intermediate, .group_index [E, I / ranks])."""
     gate, up, down = projections
     for expert in experts:
         fuse_w4a16(state, [f"{expert}{gate}", f"{expert}{up}"], f"{expert}w13")
     for kind in LAYOUT_TENSORS:
-        if f"{experts[0]}w13.{kind}" in state:
-            state[f"{prefix}mlp.experts.w13.{kind}"] = _stacked(state, [[f"{e}w13.{kind}"] for e in experts])
-            state[f"{prefix}mlp.experts.w2.{kind}"] = _stacked(state, [[f"{e}{down}.{kind}"] for e in experts])
+        for part, module in (("w13", "w13"), ("w2", down)):
+            if f"{experts[0]}{module}.{kind}" in state:
+                state[f"{prefix}mlp.experts.{part}.{kind}"] = _stacked(state,
+                                                                       [[f"{e}{module}.{kind}"] for e in experts])
 
 
 def _stacked(state: dict[str, torch.Tensor], names: list[list[str]]) -> torch.Tensor:

@@ -2,12 +2,13 @@
 
 A pre-quantized GPTQ, AWQ or compressed-tensors checkpoint's projections arrive in the worker's state converted
 (loading/w4a16_checkpoint.py) as name.qweight, .scales and, where the checkpoint has them, .zeros (asymmetric) and
-.perm (act-order); as_w4a16_linears swaps the model's nn.Linear for a W4A16Linear of the same tensors before the
-state is loaded. TorchOps dequantizes and multiplies (w4a16_linear_ref), TritonOps runs w4a16_linear.
+.perm (act-order) or, on a tensor-parallel rank's share of an act-order projection's inputs, .group_index;
+as_w4a16_linears swaps the model's nn.Linear for a W4A16Linear of the same tensors before the state is loaded.
+TorchOps dequantizes and multiplies (w4a16_linear_ref), TritonOps runs w4a16_linear.
 
-A mixture's experts arrive stacked (loading/weights.stack_experts) as mlp.experts.w13.qweight, .scales, .zeros, .perm
-and w2's alike; as_w4a16_experts swaps the experts' w13 and w2 for W4A16ExpertWeights. TorchOps dequantizes an expert at
-a time, TritonOps runs the fused MoE kernels on the stacks.
+A mixture's experts arrive stacked (loading/weights.stack_experts) as mlp.experts.w13.qweight, .scales, .zeros, .perm,
+.group_index and w2's alike; as_w4a16_experts swaps the experts' w13 and w2 for W4A16ExpertWeights. TorchOps
+dequantizes an expert at a time, TritonOps runs the fused MoE kernels on the stacks.
 """
 import functools
 
@@ -19,7 +20,7 @@ class W4A16Linear(nn.Module):
     """The tensors of a W4A16Weight (see kernels.w4a16_layout) as buffers, and the float bias."""
 
     def __init__(self, in_features: int, out_features: int, groups: int, zeros: bool, perm: bool,
-                 bias: bool = False, device: torch.device | None = None):
+                 group_index: bool = False, bias: bool = False, device: torch.device | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("qweight", torch.empty(in_features // 8, out_features, dtype=torch.int32, device=device))
@@ -27,6 +28,8 @@ class W4A16Linear(nn.Module):
         self.register_buffer("zeros", torch.empty(groups, out_features, dtype=torch.uint8, device=device)
                              if zeros else None)
         self.register_buffer("perm", torch.empty(in_features, dtype=torch.int32, device=device) if perm else None)
+        self.register_buffer("group_index", torch.empty(in_features, dtype=torch.int32, device=device)
+                             if group_index else None)
         self.bias = nn.Parameter(torch.empty(out_features, device=device), requires_grad=False) if bias else None
 
     @functools.cached_property
@@ -35,7 +38,7 @@ class W4A16Linear(nn.Module):
         never replaced), so a step's linears pay no checks."""
         from sluice.kernels.w4a16_layout import W4A16Weight  # imports Triton: only where a 4-bit model runs
 
-        return W4A16Weight(self.qweight, self.scales, self.zeros, self.perm)
+        return W4A16Weight(self.qweight, self.scales, self.zeros, self.perm, self.group_index)
 
 
 def as_w4a16_linears(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -46,30 +49,33 @@ def as_w4a16_linears(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             groups = state[f"{name}.scales"].shape[0]
             model.set_submodule(name, W4A16Linear(module.in_features, module.out_features, groups,
                                                   f"{name}.zeros" in state, f"{name}.perm" in state,
-                                                  module.bias is not None, module.weight.device))
+                                                  f"{name}.group_index" in state, module.bias is not None,
+                                                  module.weight.device))
 
 
 class W4A16ExpertWeights(nn.Module):
     """One projection of a mixture's experts in 4 bits: a kernels.w4a16_layout.W4A16Stack's tensors as buffers,
-    qweight [E, K / 8, N], scales [E, groups, N], zeros (or None) and perm [E, K] (act-order, or None)."""
+    qweight [E, K / 8, N], scales [E, groups, N], zeros (or None) and perm or group_index [E, K] (act-order, or
+    None)."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, groups: int, zeros: bool, perm: bool,
-                 device: torch.device | None = None):
+                 group_index: bool = False, device: torch.device | None = None):
         super().__init__()
         self.register_buffer("qweight", torch.empty(num_experts, in_features // 8, out_features, dtype=torch.int32,
                                                     device=device))
         self.register_buffer("scales", torch.empty(num_experts, groups, out_features, device=device))
         self.register_buffer("zeros", torch.empty(num_experts, groups, out_features, dtype=torch.uint8, device=device)
                              if zeros else None)
-        self.register_buffer("perm", torch.empty(num_experts, in_features, dtype=torch.int32, device=device)
-                             if perm else None)
+        for name, present in (("perm", perm), ("group_index", group_index)):
+            self.register_buffer(name, torch.empty(num_experts, in_features, dtype=torch.int32, device=device)
+                                 if present else None)
 
     @functools.cached_property
     def w4a16(self):
         """The stack as the kernels take it (checked once, as W4A16Linear.w4a16)."""
         from sluice.kernels.w4a16_layout import W4A16Stack  # imports Triton: only where a 4-bit model runs
 
-        return W4A16Stack(self.qweight, self.scales, self.zeros, self.perm)
+        return W4A16Stack(self.qweight, self.scales, self.zeros, self.perm, self.group_index)
 
 
 def as_w4a16_experts(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -85,7 +91,7 @@ def as_w4a16_experts(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             setattr(module, part, W4A16ExpertWeights(num_experts, in_features, out_features,
                                                      state[f"{name}.{part}.scales"].shape[1],
                                                      f"{name}.{part}.zeros" in state, f"{name}.{part}.perm" in state,
-                                                     device))
+                                                     f"{name}.{part}.group_index" in state, device))
 
 
 def kernel_expert_weights(weights: torch.Tensor | W4A16ExpertWeights):
