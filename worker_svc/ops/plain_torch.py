@@ -215,9 +215,10 @@ class TorchOps:
                           scale: float) -> torch.Tensor:
         """Attention among the rows of each segment [bounds[i], bounds[i + 1]) alone, in both directions (a vision
         tower's windows or image frames): q, k and v [num_rows, num_heads, head_dim], segment by segment as
-        transformers' SDPA path computes it."""
+        transformers' SDPA path computes it: [1, num_heads, rows, head_dim] each, the 4-D inputs that the fused
+        kernels take (3-D ones fall back to scores written out, 64 GiB for one frame of 32,768 patches)."""
         lengths = bounds.diff().tolist()
-        return torch.cat([F.scaled_dot_product_attention(*(x.transpose(0, 1) for x in segment), scale=scale)
+        return torch.cat([F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in segment), scale=scale)[0]
                           .transpose(0, 1) for segment in zip(q.split(lengths), k.split(lengths), v.split(lengths))])
 
 
