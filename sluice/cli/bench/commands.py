@@ -98,12 +98,21 @@ def _add_image_options(parser) -> None:
 
 
 def _vocab_size(args) -> int:
+    """The token ids random prompts draw from: the model's vocabulary, within its tokenizer's where the router has one
+    (it refuses ids past the tokenizer's; a config's vocabulary is often padded beyond them)."""
     if args.load_format == "dummy":
         from sluice.worker.loading.shapes import shape_config
 
-        return shape_config(str(args.model))["vocab_size"]
-    config = json.loads((Path(args.model) / "config.json").read_text())
-    return config.get("text_config", config)["vocab_size"]  # a vision-language model's is its language model's
+        config = shape_config(str(args.model))
+    else:
+        config = json.loads((Path(args.model) / "config.json").read_text())
+    vocab_size = config.get("text_config", config)["vocab_size"]  # a vision-language model's is its language model's
+    tokenizer_folder = router_model(args.load_format, args.model, cache_dir())
+    if tokenizer_folder is None:
+        return vocab_size
+    from transformers import AutoTokenizer
+
+    return min(vocab_size, len(AutoTokenizer.from_pretrained(tokenizer_folder)))
 
 
 def _resolve_model(args) -> None:
