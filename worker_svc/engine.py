@@ -10,6 +10,7 @@ from sluice.worker.config import WorkerConfig
 from sluice.worker.kv_transfer.agent import KvTransferAgent
 from sluice.worker.loading.model_loader import LoadedModel, ModelLoader
 from sluice.worker.models.decoder import DecoderLM
+from sluice.worker.models.pipeline_stage import PipelineStageLM
 from sluice.worker.ops.fp8 import FP8
 from sluice.worker.parallel.group import ReplicaGroups, TensorParallelGroup, replica_min
 from sluice.worker.runner.decode_graphs import DecodeGraphs
@@ -20,6 +21,7 @@ from sluice.worker.runner.memory_profile import profile_kv_cache_bytes
 from sluice.worker.runner.model_runner import LaunchedStep, ModelRunner
 from sluice.worker.runner.piecewise_graphs import PiecewiseGraphs
 from sluice.worker.runner.rank_samplers import DriverSampler, FollowerSampler
+from sluice.worker.runner.stage_forward_pass import StageForwardPass
 from sluice.worker.sampling.rows import SamplingRows
 from sluice.worker.sampling.step import StepSampler
 from sluice.worker.sampling.structured_output import GrammarMatchers, load_llguidance_tokenizer
@@ -64,6 +66,8 @@ class WorkerEngine:
         placeholders' outputs out of the KV cache's."""
         self.runner = self.kv_transfer = None  # a worker set up again (its scheduler lost it) frees the old cache
         max_model_len = min(max_model_len, self.max_model_len)
+        if self.stage is not None:
+            self.model.hold_received(max(max_num_batched_tokens, max_num_seqs), self.device)
         cos_sin_cache = self.model.cos_sin_cache(max_model_len).to(self.device)
         if num_blocks <= 0:
             block_bytes = bytes_per_block(self.local_config, block_size, self.kv_cache_dtype)
@@ -94,22 +98,23 @@ class WorkerEngine:
         self.runner = ModelRunner(forward, block_size, self.device, self._sampler(), drafter)
         return num_blocks
 
-    def _forward_pass(self, model: DecoderLM, kv_caches, cos_sin_cache: torch.Tensor, max_num_batched_tokens: int,
-                      max_num_seqs: int, max_blocks_per_seq: int, calculate_kv_scales: bool = False) -> ForwardPass:
+    def _forward_pass(self, model: DecoderLM | PipelineStageLM, kv_caches, cos_sin_cache: torch.Tensor,
+                      max_num_batched_tokens: int, max_num_seqs: int, max_blocks_per_seq: int,
+                      calculate_kv_scales: bool = False) -> ForwardPass:
         """The model's pass with its CUDA graphs captured (unless eager; uncaptured off CUDA, decode steps still keep
-        their inputs on the device)."""
+        their inputs on the device); a pipeline stage's graphs, of its layers, between its transfers."""
         decode_graphs = piecewise_graphs = None
         if self.uses_graphs:
             piecewise_graphs = PiecewiseGraphs(model, kv_caches, cos_sin_cache, max_num_batched_tokens, self.device)
-        if not self.config.enforce_eager and self.stage is None:
+        if not self.config.enforce_eager:
             decode_graphs = DecodeGraphs(model, kv_caches, cos_sin_cache, max_num_seqs, max_blocks_per_seq,
                                          self.device, capture=self.uses_graphs)
-        return ForwardPass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs, calculate_kv_scales)
+        forward_pass = ForwardPass if self.stage is None else StageForwardPass
+        return forward_pass(model, kv_caches, cos_sin_cache, decode_graphs, piecewise_graphs, calculate_kv_scales)
 
     @property
     def uses_graphs(self) -> bool:
-        """CUDA graphs, but in a pipeline stage (its steps run eagerly)."""
-        return self.device.type == "cuda" and not self.config.enforce_eager and self.stage is None
+        return self.device.type == "cuda" and not self.config.enforce_eager
 
     @property
     def attention_window(self) -> int:

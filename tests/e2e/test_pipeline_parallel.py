@@ -96,7 +96,8 @@ def test_qwen3_shape_at_tp2_pp2_matches_hf(tiny_qwen3):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tensor_parallel_size, pipeline_parallel_size", [(1, 2), (2, 2)], ids=["pp2", "tp2-pp2"])
 def test_qwen3_shape_split_over_gpus_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size):
-    """NCCL between the stages and inside them, and the Triton kernels (float32: Hugging Face's tokens)."""
+    """NCCL between the stages and inside them, each stage's CUDA graphs (decode and piecewise, the transfers between
+    their replays) and the Triton kernels (float32: Hugging Face's tokens)."""
     if torch.cuda.device_count() < tensor_parallel_size * pipeline_parallel_size:
         pytest.skip(f"needs {tensor_parallel_size * pipeline_parallel_size} CUDA devices")
     _qwen3_matches_hf(tiny_qwen3, tensor_parallel_size, pipeline_parallel_size, ["--device", "cuda"])

@@ -135,6 +135,11 @@ class DecoderLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' (the embedding's)."""
+        return self.embed_tokens.weight.dtype
+
     def cos_sin_cache(self, max_position: int) -> torch.Tensor:
         """The float32 cos/sin rows of positions 0..max_position - 1 that the forward pass takes as cos_sin_cache
         (rope.build_cos_sin_cache)."""

@@ -62,20 +62,14 @@ class PipelineStage:
             return self.is_first or self.is_last
         return self.is_last
 
-    def send_activations(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        """The stage's output and residual stream, to the next stage."""
-        destination = self._rank_of(self.index + 1)
-        dist.send(x.contiguous(), destination, tag=_ACTIVATIONS)
-        dist.send(residual.contiguous(), destination, tag=_ACTIVATIONS)
+    def send_activations(self, activations: torch.Tensor) -> None:
+        """The stage's output, [num_tokens, 2, hidden] (each token's hidden states and residual stream), to the next
+        stage."""
+        dist.send(activations.contiguous(), self._rank_of(self.index + 1), tag=_ACTIVATIONS)
 
-    def receive_activations(self, num_tokens: int, hidden_size: int, dtype: torch.dtype,
-                            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The previous stage's output and residual stream, [num_tokens, hidden_size] each."""
-        source = self._rank_of(self.index - 1)
-        x, residual = (torch.empty(num_tokens, hidden_size, dtype=dtype, device=device) for _ in range(2))
-        dist.recv(x, source, tag=_ACTIVATIONS)
-        dist.recv(residual, source, tag=_ACTIVATIONS)
-        return x, residual
+    def receive_activations(self, activations: torch.Tensor) -> None:
+        """Fills activations, [num_tokens, 2, hidden], with the previous stage's output."""
+        dist.recv(activations, self._rank_of(self.index - 1), tag=_ACTIVATIONS)
 
     def send_sampled(self, token_ids: torch.Tensor) -> None:
         """The step's sampled tokens, from the sampling rank to every rank of the earlier stages."""

@@ -1,12 +1,14 @@
 """Decode steps that continue the one before: some or all of its requests, one token each, or with ngram's proposals
 after it.
 
-Once a decode step has replayed a graph and fed it its samples, the graph's buffers hold each of its requests'
+Once a decode step has replayed a graph and its samples are fed to it, the graph's buffers hold each of its requests'
 next input token, position and block table; after an ngram verification laid out as decode rows, each request
 keeps the row of its last accepted token. A decode step of requests that all sampled in that step takes from the
 host only their graph rows (when some left or the order changed) and the blocks they were given since: it is a graph
 replay, the sampling and one small copy back. With proposals it is a verification laid out as decode rows, one per
-token: the host also sends the proposals and each row's offset and row group, in one copy.
+token: the host also sends the proposals and each row's offset and row group, in one copy. The samples are fed when
+the step that continues theirs is prepared: on a pipeline stage before the last, on the CPU, once they have come from
+the last stage (on CUDA, the device stream already waits for them).
 """
 from dataclasses import dataclass
 
@@ -16,17 +18,19 @@ from sluice.core.step_plan import StepPlan
 from sluice.worker.runner.batch_state import RequestState
 from sluice.worker.runner.decode_graphs import DecodeGraphs
 from sluice.worker.runner.logits_rows import LogitsRows
+from sluice.worker.sampling.step import DeviceSample
 from sluice.worker.sampling.upload import upload
 
 
 @dataclass(slots=True)
 class DecodeContinuation:
-    """A launched decode step whose samples the decode graphs' buffers hold as the next inputs."""
+    """A launched decode step whose samples become the decode graphs' next inputs."""
 
     step_id: int
     request_ids: list[str]  # in graph-row order
     sampling_rows: torch.Tensor  # [len(request_ids)] int64 on the device: the requests' SamplingRows indices (none
     # on a tensor-parallel follower)
+    sample: DeviceSample  # the step's, one token per request, in graph-row order
 
     def continued_by(self, plan: StepPlan, states: list[RequestState], graphs: DecodeGraphs) -> bool:
         """Whether the plan's step computes, from the token each sampled in this step, only requests of this step:
@@ -39,6 +43,9 @@ class DecodeContinuation:
     def prepare(self, plan: StepPlan, request_ids: list[str], graphs: DecodeGraphs) -> tuple[LogitsRows, torch.Tensor]:
         """Puts the plan's requests in the graph's first rows, in the plan's order, with their new blocks (a row per
         token of a verification); returns the step's logits rows and sampling rows."""
+        if self.sample.arriving is not None:
+            self.sample.arriving.result()
+        graphs.feed(self.sample.token_ids)
         row_of = {request_id: row for row, request_id in enumerate(self.request_ids)}
         rows = [row_of[request_id] for request_id in request_ids]
         n = len(rows)

@@ -142,6 +142,10 @@ class DecodeGraphs:
         self._grouped = True
         self.keep_first(n)
 
+    @property
+    def num_live(self) -> int:
+        return self._num_live
+
     def replay(self, max_seq_len: int) -> torch.Tensor:
         """The next step of the live rows, from what the buffers hold: [num_live, vocab] logits. max_seq_len bounds
         the rows' contexts for an uncaptured pass."""

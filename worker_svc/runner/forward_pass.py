@@ -35,12 +35,22 @@ class ForwardPass:
             logits = self.decode_graphs.run(token_inputs[:2], meta.block_tables, meta.max_seq_len, meta.row_groups,
                                             position_deltas)
             return logits if logits_indices is None else logits[logits_indices]
-        return self.model.logits(*self.hidden_states(token_inputs, meta, logits_indices, images, position_deltas))
+        return self.model.logits(*self._hidden_states(token_inputs, meta, logits_indices, images, position_deltas))
+
+    def replay_decode(self, max_seq_len: int) -> torch.Tensor:
+        """The logits of the decode graphs' live rows' next step, from what their buffers hold (a step that continues
+        the one before, decode_continuation)."""
+        return self.decode_graphs.replay(max_seq_len)
 
     def hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata, indices: torch.Tensor | None,
                       images: ImageStepInputs | None = None,
                       position_deltas: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last layer's output and residual at the tokens `indices` names (None: at every token)."""
+        return self._hidden_states(token_inputs, meta, indices, images, position_deltas)
+
+    def _hidden_states(self, token_inputs: torch.Tensor, meta: AttentionMetadata, indices: torch.Tensor | None,
+                       images: ImageStepInputs | None,
+                       position_deltas: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if position_deltas is not None:  # the KV slots are the tokens' own: only the rope positions move
             token_inputs = torch.stack((token_inputs[0], token_inputs[1] + position_deltas, token_inputs[2]))
         if self.kv_scales_pending:

@@ -106,8 +106,8 @@ class ModelRunner:
         if continuation is not None and continuation.continued_by(plan, states, self.decode_graphs):
             rows, sampling_rows = continuation.prepare(plan, request_ids, self.decode_graphs)
             num_proposed = plan.num_proposed
-            logits = self.decode_graphs.replay(max(state.num_tokens + num_proposed.get(request_id, 0)
-                                                   for request_id, state in zip(request_ids, states)))
+            logits = self.forward.replay_decode(max(state.num_tokens + num_proposed.get(request_id, 0)
+                                                    for request_id, state in zip(request_ids, states)))
             drafts, prompt_logprobs, decode_graph = None, None, True
         else:
             self._finish_for_host_inputs(states)
@@ -122,8 +122,7 @@ class ModelRunner:
         if decode_graph and every_request_sampled and self.drafter is None:
             if plan.num_proposed:  # a verification laid out as decode rows: keep each request's last accepted row
                 self.decode_graphs.move_rows(sample.last_accepted_rows)
-            self.decode_graphs.feed(sample.token_ids)
-            self._continuation = DecodeContinuation(plan.step_id, request_ids, sampling_rows)
+            self._continuation = DecodeContinuation(plan.step_id, request_ids, sampling_rows, sample)
         sampled = [self.batch.requests[request_id] for request_id in rows.sample_request_ids]
         self.batch.record_launch(plan, states, sampled)
         self._previous = SampledTokens(plan.step_id, sample.token_ids)
@@ -168,10 +167,12 @@ class ModelRunner:
     def _finish_for_host_inputs(self, states: list[RequestState]) -> None:
         """Inputs built on the host need each request's proposals verified (its position) and its newest token on
         the host or among the previous step's samples: finishes the steps that still hold either (a request whose
-        decode followed its verification on the device, then skipped a step)."""
+        decode followed its verification on the device, then skipped a step; on the CPU, a pipeline stage before the
+        last whose previous step's samples are still on their way)."""
         previous = -1 if self._previous is None else self._previous.step_id
+        arriving = bool(self._unfinished) and self._unfinished[-1].arriving is not None
         needed = [state.sampled_step for state in states
-                  if state.num_unverified or (state.num_unresolved and state.sampled_step != previous)]
+                  if state.num_unverified or (state.num_unresolved and (state.sampled_step != previous or arriving))]
         if needed:
             newest = max(needed)
             self.finish(next(step for step in self._unfinished if step.step_id == newest))

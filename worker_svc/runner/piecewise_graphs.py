@@ -45,14 +45,14 @@ class PiecewiseGraphs:
         self.ops = attention.ops
         self.attention = self.ops.attention  # the eager attention that runs between pieces
         self.sizes = token_count_ladder(max_num_tokens)
-        n, dtype = self.sizes[-1], model.embed_tokens.weight.dtype
+        n, dtype = self.sizes[-1], model.dtype
         self.token_inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # input ids, positions, KV slots
         self.input_ids, self.positions, self.slot_mapping = self.token_inputs
         self.slot_mapping.fill_(-1)
         self.query = torch.zeros(n, attention.num_heads, attention.head_dim, dtype=dtype, device=device)
         self.attended = torch.zeros_like(self.query)
-        hidden_size = model.embed_tokens.weight.shape[1]
-        self.hidden = torch.zeros(2, n, hidden_size, dtype=dtype, device=device)  # the last layer's output, residual
+        # the last layer's output, residual
+        self.hidden = torch.zeros(2, n, model.config.hidden_size, dtype=dtype, device=device)
         self.layers: list[_LayerAttention] = []
         self.chains: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._capture_all()
