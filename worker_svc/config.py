@@ -42,6 +42,9 @@ class WorkerConfig:
                           help="auto: Triton kernels on a GPU; on the CPU plain torch, its projections through "
                                "oneDNN with weights packed at load (float32 and bfloat16, where torch has oneDNN); "
                                "torch: plain torch, projections by F.linear")
+    cpu_reserved_cores: int = option(1, help="on the CPU: the cores a step of at most 8 tokens leaves free for the "
+                                             "services' own work (the worker's RPCs, and the router and scheduler "
+                                             "where they share the machine); larger steps use every core")
     compile_cache: str = option("", help="a folder for the kernels that Triton and torch inductor compile (their "
                                          "TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): on a volume that outlives "
                                          "the process, a restarted worker compiles none again; empty: their own "

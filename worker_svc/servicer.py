@@ -7,10 +7,13 @@ from pathlib import Path
 from sluice.core.errors import Unimplemented
 from sluice.core.images_pb import vision_info_to_pb
 from sluice.core.kv_transfer_pb import kv_source_from_pb, kv_source_to_pb
+from sluice.core.step_plan import StepPlan
 from sluice.core.step_plan_pb import outcome_to_pb, plan_from_pb
 from sluice.v1 import worker_pb2 as pb
 from sluice.v1 import worker_pb2_grpc
 from sluice.worker.engine import WorkerEngine
+from sluice.worker.runner.cpu_threads import CpuStepThreads
+from sluice.worker.runner.model_runner import LaunchedStep
 from sluice.worker.step_telemetry import WorkerStepTelemetry
 
 log = logging.getLogger("sluice.worker")
@@ -25,6 +28,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # A CUDA launch only queues work, so steps launch and finish right on the event loop: no thread hand-offs
         # (each waits on the GIL) in a step's path. On the CPU a launch computes the step, so it runs on the thread.
         self._steps_inline = engine.device.type == "cuda"
+        self._cpu_threads = None if self._steps_inline else CpuStepThreads(engine.config.cpu_reserved_cores)
         # fails when a step of a tensor-parallel rank fails: the ranks' collectives are out of step for good
         self.group_broken: asyncio.Future = asyncio.get_running_loop().create_future()
         self._num_streams = 0  # Execute streams open
@@ -111,9 +115,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             async for message in request_iterator:
                 plan = plan_from_pb(message)
                 started = self.telemetry.step_started(plan)
-                await launched.put((plan, await self._run_step_call(self.engine.launch, plan), started))
+                await launched.put((plan, await self._run_step_call(self._launch, plan), started))
         finally:
             launched.put_nowait(None)
+
+    def _launch(self, plan: StepPlan) -> LaunchedStep:
+        if self._cpu_threads is not None:
+            self._cpu_threads.set_for(plan.total_num_scheduled_tokens)
+        return self.engine.launch(plan)
 
     async def _run_step_call(self, function, *args):
         if self._steps_inline:
