@@ -28,8 +28,8 @@ WORKER = dict(model="SmolLM2-tiny", load_format="dummy", dtype="bfloat16", quant
               enforce_eager=True, dependent_launch=False, kernels="torch", tensor_parallel_size=TENSOR_PARALLEL_SIZE,
               pipeline_parallel_size=PIPELINE_PARALLEL_SIZE, pp_layer_partition="1,1",
               enable_expert_parallel=True, dist_timeout=30.0, draft_model="SmolLM2-tiny", draft_load_format="dummy",
-              cpu_reserved_cores=0, compile_cache=str(Path(tempfile.gettempdir()) / "sluice-serve-options-compile-cache"),
-              kv_role="prefill")
+              cpu_reserved_cores=0, kv_role="prefill",
+              compile_cache=str(Path(tempfile.gettempdir()) / "sluice-serve-options-compile-cache"))
 SCHEDULER = dict(num_blocks=64, block_size=32, max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
                  enable_prefix_caching=False, policy="fcfs", max_waiting_requests=16, max_waiting_tokens=100_000,
                  speculative_method="ngram", num_speculative_tokens=2, ngram_min=1, ngram_max=3,
