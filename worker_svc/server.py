@@ -34,7 +34,7 @@ async def serve(config: WorkerConfig, address: str, operations: Operations) -> N
         engine = await asyncio.to_thread(WorkerEngine.load, config, groups)
         model_name = Path(config.model).name
         telemetry = WorkerStepTelemetry(service.tracer, WorkerMetrics(service.metrics_registry, model_name))
-        servicer = WorkerServicer(engine, model_name, telemetry)
+        servicer = WorkerServicer(engine, model_name, telemetry, config.cpu_reserved_cores)
         service.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer)
         await service.set_ready(True)
         log.info("worker rank %d of %d serving %s on port %d", config.rank, config.world_size,

@@ -20,7 +20,8 @@ log = logging.getLogger("sluice.worker")
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, engine: WorkerEngine, model_name: str, telemetry: WorkerStepTelemetry):
+    def __init__(self, engine: WorkerEngine, model_name: str, telemetry: WorkerStepTelemetry,
+                 cpu_reserved_cores: int = 0):
         self.engine = engine
         self.model_name = model_name
         self.telemetry = telemetry
@@ -28,7 +29,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # A CUDA launch only queues work, so steps launch and finish right on the event loop: no thread hand-offs
         # (each waits on the GIL) in a step's path. On the CPU a launch computes the step, so it runs on the thread.
         self._steps_inline = engine.device.type == "cuda"
-        self._cpu_threads = None if self._steps_inline else CpuStepThreads(engine.config.cpu_reserved_cores)
+        self._cpu_threads = None if self._steps_inline else CpuStepThreads(cpu_reserved_cores)
         # fails when a step of a tensor-parallel rank fails: the ranks' collectives are out of step for good
         self.group_broken: asyncio.Future = asyncio.get_running_loop().create_future()
         self._num_streams = 0  # Execute streams open
