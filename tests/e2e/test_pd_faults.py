@@ -21,7 +21,8 @@ from tests.e2e.services import generate_once_served, wait_for_health
 
 pytestmark = pytest.mark.slow
 
-LEASE_SECONDS, PULL_SECONDS = 2.0, 3.0
+LEASE_SECONDS, PULL_SECONDS = 8.0, 6.0
+AT_ONCE = 3.0  # seconds: well inside either timeout, on a loaded machine too
 SCHEDULER_ARGS = ["--num-blocks", "64", "--block-size", "16", "--kv-lease-timeout", str(LEASE_SECONDS),
                   "--kv-pull-timeout", str(PULL_SECONDS)]
 PROMPTS = [[3 + i] * 70 + [i] for i in range(4)]  # four full blocks each, no block shared
@@ -47,13 +48,13 @@ def test_a_prefill_worker_that_hangs_or_dies_during_the_pull_fails_the_request_a
         answer, reading = _pull_from_a_stopped_prefill_worker(pair, pool, hung)
         with pytest.raises(grpc.RpcError) as timed_out:
             answer.result(timeout=PULL_SECONDS + 5)
-        assert PULL_SECONDS - 1 < time.monotonic() - reading < PULL_SECONDS + 1  # the pull's deadline
+        assert PULL_SECONDS - 1 < time.monotonic() - reading < PULL_SECONDS + AT_ONCE  # the pull's deadline
         pair.prefill_worker.send_signal(signal.SIGCONT)
         answer, reading = _pull_from_a_stopped_prefill_worker(pair, pool, killed)
         pair.prefill_worker.send_signal(signal.SIGKILL)
         with pytest.raises(grpc.RpcError) as disconnected:
             answer.result(timeout=PULL_SECONDS + 5)
-        assert time.monotonic() - reading < PULL_SECONDS - 1  # NIXL reports the broken peer before the deadline
+        assert time.monotonic() - reading < AT_ONCE  # NIXL reports the broken peer before the deadline
     assert timed_out.value.code() == disconnected.value.code() == grpc.StatusCode.UNAVAILABLE
     pair.prefill_worker.wait()
     load = pair.load("decode")
@@ -79,13 +80,14 @@ def test_a_decode_worker_killed_during_the_pull_ends_the_lease_and_a_decode_repl
             killed = time.monotonic()
         with pytest.raises(grpc.RpcError) as lost:
             answer.result(timeout=5)
-        assert time.monotonic() - killed < 2
-        wait_for(lambda: pair.metric("prefill", "sluice:kv_leases") == 0, timeout=1)  # ended at once
+        assert time.monotonic() - killed < AT_ONCE
+        wait_for(lambda: pair.metric("prefill", "sluice:kv_leases") == 0, timeout=AT_ONCE)  # ended at once
         pair.decode_worker.wait()
         pair.decode_worker = pair.restart(pair.decode_worker)
         generate_once_served(pair.client, token_request(PROMPTS[2]), 60)
         pair.wait_until_settled()
 
+        expired = pair.metric("prefill", "sluice:kv_leases_expired_total")
         pair.decode_scheduler.send_signal(signal.SIGSTOP)  # the decode leg waits unread
         answer = pool.submit(pair.client.generate, token_request(PROMPTS[1]))
         wait_for(lambda: pair.metric("prefill", "sluice:kv_leases") == 1)
@@ -95,11 +97,11 @@ def test_a_decode_worker_killed_during_the_pull_ends_the_lease_and_a_decode_repl
         with pytest.raises(grpc.RpcError) as gone:
             answer.result(timeout=5)
     assert lost.value.code() == gone.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert time.monotonic() - leased < 2
+    assert time.monotonic() - leased < AT_ONCE
     assert pair.load("prefill").num_free_blocks < prefill.num_total_blocks
-    wait_for(lambda: pair.metric("prefill", "sluice:kv_leases") == 0, timeout=LEASE_SECONDS + 1)
+    wait_for(lambda: pair.metric("prefill", "sluice:kv_leases") == 0, timeout=LEASE_SECONDS + AT_ONCE)
     assert time.monotonic() - leased > LEASE_SECONDS - 0.5
-    assert pair.metric("prefill", "sluice:kv_leases_expired_total") == 1
+    assert pair.metric("prefill", "sluice:kv_leases_expired_total") == expired + 1
     load = pair.load("prefill")
     assert load.num_free_blocks == load.num_total_blocks and not load.num_running
 
