@@ -1,5 +1,6 @@
 """The `sluice bench` subcommands."""
 import asyncio
+import functools
 import json
 import statistics
 import time
@@ -98,16 +99,21 @@ def _add_image_options(parser) -> None:
 
 
 def _vocab_size(args) -> int:
+    return _prompt_vocab_size(args.load_format, str(args.model))
+
+
+@functools.cache  # the workload's and the warm-up's prompts read it: the tokenizer loads once
+def _prompt_vocab_size(load_format: str, model: str) -> int:
     """The token ids random prompts draw from: the model's vocabulary, within its tokenizer's where the router has one
     (it refuses ids past the tokenizer's; a config's vocabulary is often padded beyond them)."""
-    if args.load_format == "dummy":
+    if load_format == "dummy":
         from sluice.worker.loading.shapes import shape_config
 
-        config = shape_config(str(args.model))
+        config = shape_config(model)
     else:
-        config = json.loads((Path(args.model) / "config.json").read_text())
+        config = json.loads((Path(model) / "config.json").read_text())
     vocab_size = config.get("text_config", config)["vocab_size"]  # a vision-language model's is its language model's
-    tokenizer_folder = router_model(args.load_format, args.model, cache_dir())
+    tokenizer_folder = router_model(load_format, model, cache_dir())
     if tokenizer_folder is None:
         return vocab_size
     from transformers import AutoTokenizer
